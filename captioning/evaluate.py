@@ -1,0 +1,128 @@
+"""Decode a split and score it as coco-caption does; `captioning-evaluate checkpoint=PATH`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from captioning.checkpoint import load_model
+from captioning.data.build import build_datasets
+from captioning.data.karpathy import CaptionDataset, collate, load_image
+from captioning.decoding import generate
+from captioning.metrics import attention_correctness, score_captions
+from captioning.models.captioner import Captioner
+from captioning.visualize import plot_attention
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Prediction:
+    """One decoded image: its caption and the (T, h, w) attention maps of its words."""
+
+    index: int
+    image_id: int
+    words: list[str]
+    alphas: torch.Tensor  # (T, h, w)
+
+    @property
+    def caption(self) -> str:
+        return " ".join(self.words)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when available; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={name} was requested but CUDA is not available; use device=cpu")
+    return device
+
+
+@torch.no_grad()
+def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float = 0.0,
+                 batch_size: int = 50, progress: bool = True) -> list[Prediction]:
+    """Caption every image of a data set (real decoding, not teacher forcing)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    preds: list[Prediction] = []
+    for batch in tqdm(loader, desc=f"decode (beam {beam_size})", disable=not progress, leave=False):
+        decoded, (h, w) = generate(model, batch.images.to(device), beam_size, max_len, length_penalty)
+        for i, toks, alpha in zip(batch.indices, decoded.tokens, decoded.alphas):
+            words = dataset.vocab.decode(toks)
+            preds.append(Prediction(i, dataset.records[i].image_id, words, alpha.view(-1, h, w)))
+    model.train(was_training)
+    return preds
+
+
+def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics: tuple[str, ...]) -> dict[str, Any]:
+    """coco-caption scores, plus attention correctness where the data set has object boxes."""
+    candidates = {p.image_id: p.caption for p in preds}
+    references = {dataset.records[p.index].image_id: dataset.records[p.index].raw for p in preds}
+    scores = score_captions(candidates, references, metrics=metrics)
+    out: dict[str, Any] = dict(scores.overall)
+    out["tokenizer"] = scores.tokenizer
+    if scores.skipped:
+        out["skipped"] = scores.skipped
+    recs = [dataset.records[p.index] for p in preds]
+    if all(r.word_boxes and r.size for r in recs):
+        ac = attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
+                                   [r.word_boxes for r in recs], [r.size for r in recs])
+        out.update(ac)
+    out["num_images"] = len(preds)
+    return out
+
+
+def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDataset, metrics: dict[str, Any],
+                  num_figures: int) -> None:
+    """metrics.json, a COCO-format results file and attention figures for the first images."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+    (out_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
+    results = [{"image_id": p.image_id, "caption": p.caption} for p in preds]
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    for p in preds[:num_figures]:
+        if p.words:
+            image = load_image(dataset.records[p.index].path)
+            plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png")
+    logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
+
+
+def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Load a checkpoint, decode a split of its data set and write the scores; returns the metrics."""
+    device = resolve_device(cfg.device)
+    model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
+    train_cfg = OmegaConf.create(ckpt["config"])
+    dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
+    _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab)
+    ds = data[cfg.eval.split]
+    preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)
+    metrics = {"split": cfg.eval.split, "beam_size": cfg.eval.beam_size,
+               **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
+    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures)
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    """Console entry point."""
+    metrics = evaluate(cfg, Path(HydraConfig.get().runtime.output_dir))
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()

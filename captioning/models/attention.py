@@ -1,0 +1,69 @@
+"""Attention over annotation vectors: the decoder state h_{t-1} picks a context z_t from a_1..a_L.
+
+Every attention module has the same interface so that Hydra can swap them:
+    keys = attn.prepare(a)                      # once per image
+    out = attn(a, keys, h, mask, prev_alpha)    # once per step -> out.context (B, D), out.alpha (B, L)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionOutput:
+    """One attention step: the context z_t and the weights alpha_t (plus sampling terms for hard attention)."""
+
+    context: torch.Tensor  # (B, D)
+    alpha: torch.Tensor  # (B, L), sums to 1 over unmasked regions
+    log_prob: torch.Tensor | None = None  # (B,) log p(s_t | a) of a sampled region
+    entropy: torch.Tensor | None = None  # (B,) H(alpha_t)
+    index: torch.Tensor | None = None  # (B,) the sampled / chosen region
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over regions (last dim) that gives padded regions (mask False) exactly zero weight."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+class Attention(nn.Module):
+    """Base class: subclasses implement `prepare` (per image) and `forward` (per step)."""
+
+    def __init__(self, annotation_dim: int, hidden_dim: int):
+        super().__init__()
+        self.annotation_dim, self.hidden_dim = annotation_dim, hidden_dim
+
+    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+        """Per-image work that does not depend on the step (e.g. W_a a_i); indexed by image like `a`."""
+        return a
+
+    def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
+                prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
+        raise NotImplementedError
+
+
+class SoftAttention(Attention):
+    """The paper's deterministic attention: e_ti = w^T tanh(W_a a_i + W_h h_{t-1} + b), z_t = sum_i alpha_ti a_i."""
+
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int = 512):
+        super().__init__(annotation_dim, hidden_dim)
+        self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
+        self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
+        self.w = nn.Linear(attention_dim, 1)
+
+    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+        return self.W_a(a)  # (B, L, A): computed once per image, not once per step
+
+    def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Unnormalised e_t (B, L)."""
+        return self.w(torch.tanh(keys + self.W_h(h).unsqueeze(1))).squeeze(-1)  # (B, L, A) -> (B, L)
+
+    def forward(self, a, keys, h, mask=None, prev_alpha=None) -> AttentionOutput:
+        alpha = masked_softmax(self.scores(keys, h), mask)  # (B, L)
+        context = torch.bmm(alpha.unsqueeze(1), a).squeeze(1)  # (B, 1, L) @ (B, L, D) -> (B, D)
+        return AttentionOutput(context, alpha)

@@ -1,0 +1,121 @@
+"""Image encoders: an image becomes an h x w grid of D-dimensional annotation vectors a_i."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torchvision
+from torch import nn
+from torchvision import transforms as T
+
+logger = logging.getLogger(__name__)
+
+FineTune = Literal["none", "top", "all"]
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Encoder(nn.Module):
+    """Base class: `forward` maps images (B, 3, H, W) to an annotation grid (B, D, h, w)."""
+
+    out_dim: int
+
+    def transform(self) -> Callable:
+        """The preprocessing (PIL image -> normalised tensor) this encoder expects."""
+        raise NotImplementedError
+
+
+class SmallCNN(Encoder):
+    """A small from-scratch CNN for the synthetic `shapes` data set (trains on a CPU in minutes)."""
+
+    def __init__(self, channels: tuple[int, ...] = (32, 64, 128, 128), num_pools: int = 3):
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_ch = 3
+        for i, ch in enumerate(channels):
+            layers += [nn.Conv2d(in_ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch), nn.ReLU(inplace=True)]
+            if i < num_pools:
+                layers.append(nn.MaxPool2d(2))
+            in_ch = ch
+        self.features = nn.Sequential(*layers)
+        self.out_dim = in_ch
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.features(images)  # (B, D, H/2^pools, W/2^pools)
+
+    def transform(self) -> Callable:
+        return T.Compose([T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
+
+
+def _load_torchvision(arch: str, pretrained: bool) -> nn.Module:
+    """Build a torchvision model, downloading ImageNet weights through the weights API if asked."""
+    weights = torchvision.models.get_model_weights(arch).DEFAULT if pretrained else None
+    try:
+        return torchvision.models.get_model(arch, weights=weights)
+    except OSError as err:  # URLError and friends: no network, no cached file
+        cache = torch.hub.get_dir()
+        raise RuntimeError(
+            f"could not load pretrained {arch} weights ({err}). torchvision downloads them to "
+            f"{cache}/checkpoints; on an offline machine copy the file {weights.url.rsplit('/', 1)[-1]} "
+            f"there (or set TORCH_HOME), or train from scratch with encoder.pretrained=false"
+        ) from err
+
+
+class _TorchvisionEncoder(Encoder):
+    """Shared fine-tuning and preprocessing logic for ImageNet backbones."""
+
+    def __init__(self, arch: str, pretrained: bool, fine_tune: FineTune, image_size: int):
+        super().__init__()
+        if fine_tune not in ("none", "top", "all"):
+            raise ValueError(f"encoder.fine_tune must be one of none/top/all, got {fine_tune!r}")
+        self.arch, self.pretrained, self.fine_tune, self.image_size = arch, pretrained, fine_tune, image_size
+
+    def _set_trainable(self, blocks: list[nn.Module], top: list[nn.Module]) -> None:
+        trainable = {"none": [], "top": top, "all": blocks}[self.fine_tune]
+        for p in self.parameters():
+            p.requires_grad_(False)
+        for m in trainable:
+            for p in m.parameters():
+                p.requires_grad_(True)
+
+    def train(self, mode: bool = True) -> _TorchvisionEncoder:
+        # A frozen backbone keeps its BatchNorm statistics fixed.
+        return super().train(mode and self.fine_tune != "none")
+
+    def transform(self) -> Callable:
+        resize = int(round(self.image_size * 256 / 224))
+        return T.Compose([T.Resize(resize), T.CenterCrop(self.image_size), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+class VGGEncoder(_TorchvisionEncoder):
+    """VGG conv5 features before the last max-pool: 14 x 14 x 512 at 224 px (the paper's conv5_4 for VGG-19)."""
+
+    def __init__(self, arch: str = "vgg19", pretrained: bool = True, fine_tune: FineTune = "none", image_size: int = 224):
+        super().__init__(arch, pretrained, fine_tune, image_size)
+        vgg = _load_torchvision(arch, pretrained)
+        self.features = nn.Sequential(*list(vgg.features.children())[:-1])  # drop the last max-pool
+        self.out_dim = 512
+        convs = [m for m in self.features if isinstance(m, nn.Conv2d)]
+        self._set_trainable(list(self.features), top=convs[-4:])  # conv5 block
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.features(images)  # (B, 512, H/16, W/16)
+
+
+class ResNetEncoder(_TorchvisionEncoder):
+    """ResNet last block, adaptive-pooled to a grid x grid map of 2048-d annotations."""
+
+    def __init__(self, arch: str = "resnet101", pretrained: bool = True, fine_tune: FineTune = "none",
+                 grid_size: int = 14, image_size: int = 224):
+        super().__init__(arch, pretrained, fine_tune, image_size)
+        net = _load_torchvision(arch, pretrained)
+        self.body = nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc
+        self.pool = nn.AdaptiveAvgPool2d(grid_size)
+        self.out_dim = net.fc.in_features
+        self._set_trainable(list(self.body), top=[net.layer4])
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.body(images))  # (B, 2048, grid, grid)

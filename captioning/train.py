@@ -1,0 +1,211 @@
+"""Train a captioner: `captioning-train [overrides]` (Hydra). With no arguments: soft attention on `shapes`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from captioning.checkpoint import read_checkpoint, save_checkpoint
+from captioning.data.build import build_vocab, load_records
+from captioning.data.karpathy import CaptionDataset, collate
+from captioning.data.vocab import Vocabulary
+from captioning.evaluate import decode_split, resolve_device, score_predictions, write_outputs
+from captioning.losses import caption_loss
+from captioning.models.captioner import Captioner, build_captioner
+
+logger = logging.getLogger(__name__)
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch so runs repeat."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def model_config(cfg: DictConfig) -> dict[str, Any]:
+    """The part of the config that defines the network (what a checkpoint needs to rebuild it)."""
+    return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("encoder", "attention", "decoder")}
+
+
+def attention_name(cfg: DictConfig) -> str:
+    """The attention config group's choice (e.g. 'soft'), for metrics.json and sweep tables."""
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.choices.get("attention", "")
+    return str(cfg.attention._target_).rsplit(".", 1)[-1]
+
+
+class Trainer:
+    """Holds the training state so that it can be checkpointed and resumed as one piece."""
+
+    def __init__(self, cfg: DictConfig, out_dir: Path):
+        self.cfg, self.out_dir, self.tc = cfg, out_dir, cfg.trainer
+        self.device = resolve_device(cfg.device)
+        records = load_records(cfg.dataset, ["train", "val", cfg.eval.split])
+        self.vocab = build_vocab(records["train"], cfg.dataset.min_word_freq, cfg.dataset.get("max_vocab"))
+        self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab)).to(self.device)
+        transform, max_len = self.model.encoder.transform(), int(cfg.dataset.max_caption_len)
+        self.data = {s: CaptionDataset(r, self.vocab, transform, max_len) for s, r in records.items()}
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = instantiate(cfg.optim)(params)
+        sched = cfg.get("scheduler")
+        self.scheduler = instantiate(sched)(self.optimizer) if sched and sched.get("_target_") else None
+        self.epoch, self.step, self.best, self.bad_epochs, self.history = 0, 0, float("-inf"), 0, []
+        self.train_seconds = 0.0
+        self.ckpt_dir = out_dir / "checkpoints"
+        logger.info("model: %.2fM trainable parameters on %s", sum(p.numel() for p in params) / 1e6, self.device)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        """Resolved config stored in every checkpoint."""
+        return {**OmegaConf.to_container(self.cfg, resolve=True), "model": model_config(self.cfg)}
+
+    def save(self, name: str) -> Path:
+        """Write a checkpoint with everything needed to resume."""
+        return save_checkpoint(
+            self.ckpt_dir / name, self.model, self.vocab, self.config_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict() if self.scheduler else None,
+            epoch=self.epoch, step=self.step, best=self.best, bad_epochs=self.bad_epochs,
+            history=self.history, train_seconds=self.train_seconds,
+        )
+
+    def resume(self, path: Path) -> None:
+        """Restore model, optimizer, scheduler and counters from a checkpoint of the same model."""
+        ckpt = read_checkpoint(path, map_location=self.device)
+        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
+            raise ValueError(f"cannot resume from {path}: it was trained with a different model config or "
+                             "vocabulary; start a new run or use the same overrides")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scheduler and ckpt.get("scheduler"):
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.epoch, self.step, self.best = ckpt["epoch"], ckpt["step"], ckpt["best"]
+        self.bad_epochs, self.history = ckpt["bad_epochs"], ckpt["history"]
+        self.train_seconds = ckpt.get("train_seconds", 0.0)
+        logger.info("resumed from %s at epoch %d (best %s %.4f)", path, self.epoch, self.tc.monitor, self.best)
+
+    # -- loops -------------------------------------------------------------------------------
+    def train_epoch(self, writer: SummaryWriter, deadline: float | None) -> tuple[dict[str, float], bool]:
+        """One pass over the training split; returns mean losses and whether the time budget ran out."""
+        self.model.train()
+        loader = DataLoader(self.data["train"], batch_size=self.cfg.dataset.batch_size, shuffle=True,
+                            collate_fn=collate, num_workers=self.cfg.dataset.num_workers, drop_last=False)
+        sums, n, out_of_time = {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}, 0, False
+        bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", disable=not self.tc.progress)
+        for batch in bar:
+            batch = batch.to(self.device)
+            out = self.model(batch.images, batch.captions, batch.image_index)
+            terms = caption_loss(out.logits, batch.captions[:, 1:], out.alphas, Vocabulary.pad_id,
+                                 attention_weight=self.tc.attention_weight)
+            self.optimizer.zero_grad(set_to_none=True)
+            terms.total.backward()
+            if self.tc.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            vals = {"loss": terms.total.item(), "nll": terms.nll.item(), "token_nll": terms.token_nll.item(),
+                    "attention_reg": terms.attention_reg.item()}
+            for k, v in vals.items():
+                sums[k] += v
+            n += 1
+            bar.set_postfix(loss=f"{vals['loss']:.3f}", ppl=f"{np.exp(vals['token_nll']):.2f}")
+            if self.step % self.tc.log_every == 0:
+                for k, v in vals.items():
+                    writer.add_scalar(f"train/{k}", v, self.step)
+            if deadline is not None and time.monotonic() > deadline:
+                out_of_time = True
+                break
+        return {k: v / max(n, 1) for k, v in sums.items()}, out_of_time
+
+    def validate(self) -> dict[str, Any]:
+        """Decode the validation split (real decoding) and score it."""
+        preds = decode_split(self.model, self.data["val"], self.tc.val_beam_size, self.cfg.eval.max_len,
+                             batch_size=self.cfg.eval.batch_size, progress=self.tc.progress)
+        return score_predictions(preds, self.data["val"], ("bleu", "cider"))
+
+    def fit(self, writer: SummaryWriter) -> None:
+        """Epochs with validation, LR schedule, best/last checkpoints and early stopping."""
+        budget = self.tc.max_minutes
+        deadline = time.monotonic() + budget * 60 - self.train_seconds if budget else None
+        while self.epoch < self.tc.max_epochs and self.bad_epochs < self.tc.patience:
+            start = time.monotonic()
+            losses, out_of_time = self.train_epoch(writer, deadline)
+            val = self.validate()
+            self.epoch += 1
+            self.train_seconds += time.monotonic() - start
+            score = float(val[self.tc.monitor])
+            self.history.append({"epoch": self.epoch, "step": self.step, **losses,
+                                 **{f"val_{k}": v for k, v in val.items() if isinstance(v, (int, float))}})
+            for k, v in self.history[-1].items():
+                writer.add_scalar(f"epoch/{k}", v, self.epoch)
+            if self.scheduler is not None:
+                is_plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+                self.scheduler.step(score) if is_plateau else self.scheduler.step()
+            improved = score > self.best
+            self.best, self.bad_epochs = (score, 0) if improved else (self.best, self.bad_epochs + 1)
+            if improved:
+                self.save("best.pt")
+            self.save("last.pt")
+            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f%s", self.epoch, losses["loss"], self.tc.monitor,
+                        score, val.get("Bleu_4", float("nan")), " (best)" if improved else "")
+            if out_of_time:
+                logger.info("time budget of %s minutes reached", budget)
+                break
+        (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
+
+    def test(self) -> dict[str, Any]:
+        """Evaluate the best checkpoint on the test split with the eval settings; writes metrics.json."""
+        best = read_checkpoint(self.ckpt_dir / "best.pt", map_location=self.device)
+        self.model.load_state_dict(best["model"])
+        ev, ds = self.cfg.eval, self.data[self.cfg.eval.split]
+        preds = decode_split(self.model, ds, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size,
+                             progress=self.tc.progress)
+        metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
+                   "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
+                   "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch, "train_seconds": round(self.train_seconds, 1)}
+        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures)
+        return metrics
+
+
+def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Train, then evaluate the best checkpoint on the test split; returns the test metrics."""
+    set_seed(cfg.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(cfg, out_dir)
+    if cfg.resume:
+        path = trainer.ckpt_dir / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+        if path.is_file():
+            trainer.resume(path)
+        elif cfg.resume != "auto":
+            raise FileNotFoundError(f"resume checkpoint not found: {path}")
+    with SummaryWriter(log_dir=str(out_dir / "tensorboard")) as writer:
+        trainer.fit(writer)
+    metrics = trainer.test()
+    logger.info("test metrics: %s", json.dumps(metrics))
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    """Console entry point; returns the best validation score so Hydra sweepers (Optuna) can optimise it."""
+    metrics = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return float(metrics[f"val_{cfg.trainer.monitor}"])
+
+
+if __name__ == "__main__":
+    main()
