@@ -31,12 +31,19 @@ def _trim(seqs: torch.Tensor, alphas: torch.Tensor, end_id: int) -> tuple[list[l
     return tokens, maps
 
 
+def _word_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """log p(word) renormalised without <start> and <pad>, which are never targets in training."""
+    logits = logits.clone()
+    logits[:, [Vocabulary.start_id, Vocabulary.pad_id]] = float("-inf")
+    return F.log_softmax(logits, dim=-1)  # (N, V)
+
+
 @torch.no_grad()
 def greedy_decode(decoder: ShowAttendTellDecoder, a: torch.Tensor, max_len: int,
-                  mask: torch.Tensor | None = None) -> Decoded:
+                  mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
     """Pick the most likely word at every step, for a batch of annotation grids a (B, L, D)."""
     B = a.shape[0]
-    keys = decoder.attention.prepare(a)  # (B, L, A)
+    keys = decoder.attention.prepare(a, grid)  # (B, L, A)
     state = decoder.init_state(a, mask)
     words = a.new_full((B,), Vocabulary.start_id, dtype=torch.long)
     finished = torch.zeros(B, dtype=torch.bool, device=a.device)
@@ -44,7 +51,7 @@ def greedy_decode(decoder: ShowAttendTellDecoder, a: torch.Tensor, max_len: int,
     seqs, alphas = [], []
     for _ in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
-        logp = F.log_softmax(logits, dim=-1)  # (B, V)
+        logp = _word_log_probs(logits)  # (B, V)
         words = logp.argmax(dim=-1).masked_fill(finished, Vocabulary.pad_id)  # (B,)
         scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
         seqs.append(words), alphas.append(att.alpha)
@@ -57,7 +64,8 @@ def greedy_decode(decoder: ShowAttendTellDecoder, a: torch.Tensor, max_len: int,
 
 @torch.no_grad()
 def beam_search(decoder: ShowAttendTellDecoder, a: torch.Tensor, beam_size: int, max_len: int,
-                length_penalty: float = 0.0, mask: torch.Tensor | None = None) -> Decoded:
+                length_penalty: float = 0.0, mask: torch.Tensor | None = None,
+                grid: tuple[int, int] | None = None) -> Decoded:
     """Batched beam search: B images x k beams in one tensor; the best beam by score / length**length_penalty.
 
     A finished beam stays in the beam and is extended only by <pad> at no cost, so finished and live
@@ -66,7 +74,7 @@ def beam_search(decoder: ShowAttendTellDecoder, a: torch.Tensor, beam_size: int,
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     B, k = a.shape[0], beam_size
-    keys = decoder.attention.prepare(a)  # (B, L, A) once per image, then repeated per beam
+    keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image, then repeated per beam
     a, keys = a.repeat_interleave(k, 0), keys.repeat_interleave(k, 0)  # (B*k, L, D), (B*k, L, A)
     mask = None if mask is None else mask.repeat_interleave(k, 0)
     state = decoder.init_state(a, mask)
@@ -80,7 +88,7 @@ def beam_search(decoder: ShowAttendTellDecoder, a: torch.Tensor, beam_size: int,
     offsets = (torch.arange(B, device=a.device) * k).unsqueeze(1)  # (B, 1)
     for _ in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
-        logp = F.log_softmax(logits, dim=-1)  # (B*k, V)
+        logp = _word_log_probs(logits)  # (B*k, V)
         V = logp.shape[1]
         logp[finished] = float("-inf")
         logp[finished, Vocabulary.pad_id] = 0.0
@@ -109,5 +117,5 @@ def generate(model: Captioner, images: torch.Tensor, beam_size: int = 3, max_len
     """Caption a batch of images; returns the decoded captions and the attention grid size (h, w)."""
     a, grid = model.encode(images)  # (B, L, D)
     if beam_size == 1:
-        return greedy_decode(model.decoder, a, max_len), grid
-    return beam_search(model.decoder, a, beam_size, max_len, length_penalty), grid
+        return greedy_decode(model.decoder, a, max_len, grid=grid), grid
+    return beam_search(model.decoder, a, beam_size, max_len, length_penalty, grid=grid), grid

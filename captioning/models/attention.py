@@ -1,7 +1,7 @@
 """Attention over annotation vectors: the decoder state h_{t-1} picks a context z_t from a_1..a_L.
 
 Every attention module has the same interface so that Hydra can swap them:
-    keys = attn.prepare(a)                      # once per image
+    keys = attn.prepare(a, grid)                # once per image; grid = (h, w) with L = h * w
     out = attn(a, keys, h, mask, prev_alpha)    # once per step -> out.context (B, D), out.alpha (B, L)
 """
 
@@ -38,8 +38,12 @@ class Attention(nn.Module):
         super().__init__()
         self.annotation_dim, self.hidden_dim = annotation_dim, hidden_dim
 
-    def prepare(self, a: torch.Tensor) -> torch.Tensor:
-        """Per-image work that does not depend on the step (e.g. W_a a_i); indexed by image like `a`."""
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+        """Per-image work that does not depend on the step (e.g. W_a a_i): a tensor (B, L, *) indexed like `a`.
+
+        `grid` is the (h, w) layout of the L = h * w regions (row-major); images with smaller grids are
+        padded to it and their padded regions masked out.
+        """
         return a
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
@@ -56,7 +60,7 @@ class SoftAttention(Attention):
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
         self.w = nn.Linear(attention_dim, 1)
 
-    def prepare(self, a: torch.Tensor) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         return self.W_a(a)  # (B, L, A): computed once per image, not once per step
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

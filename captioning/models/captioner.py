@@ -28,8 +28,8 @@ class Captioner(nn.Module):
 
     def forward(self, images: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding of captions (N, T+1); image_index (N,) says which image each caption is for."""
-        a, _ = self.encode(images)  # encode each image once, however many captions it has
-        return self.decoder(a, captions, image_index)
+        a, grid = self.encode(images)  # encode each image once, however many captions it has
+        return self.decoder(a, captions, image_index, grid=grid)
 
 
 def build_captioner(model_cfg: Mapping[str, Any] | DictConfig, vocab_size: int) -> Captioner:

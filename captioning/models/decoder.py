@@ -85,9 +85,9 @@ class ShowAttendTellDecoder(nn.Module):
         return self.output(emb, h, z), (h, c, att.alpha), att
 
     def forward(self, a: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> DecoderOutput:
+                mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> DecoderOutput:
         """Teacher forcing over captions (N, T+1) that start with <start>; a (B, L, D) holds one grid per image."""
-        keys = self.attention.prepare(a)  # (B, L, A): once per image, before expanding to captions
+        keys = self.attention.prepare(a, grid)  # (B, L, A): once per image, before expanding to captions
         if image_index is not None:
             a, keys = a[image_index], keys[image_index]  # (N, L, D), (N, L, A)
             mask = None if mask is None else mask[image_index]

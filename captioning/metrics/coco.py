@@ -1,0 +1,313 @@
+"""Caption scores computed exactly as the coco-caption toolkit (pycocoevalcap) computes them.
+
+:func:`score_captions` runs pycocoevalcap's own scorers - ``Bleu(4)`` (corpus BLEU with the "closest"
+reference length), ``Meteor()`` (METEOR 1.5), ``Rouge()`` (ROUGE-L) and ``Cider()`` (CIDEr-D) - on
+captions tokenized by the Stanford PTB tokenizer jar that pycocoevalcap ships, with the same options
+and post-processing as its ``PTBTokenizer``, and references and candidates tokenized in two separate
+runs as ``COCOEvalCap.evaluate`` does.  The numbers are therefore the ones papers report.
+
+Behaviour worth knowing:
+
+* Only the candidates' image ids are scored; references of other images are ignored (coco-caption
+  evaluates ``imgIds = cocoRes.getImgIds()``).
+* ``tokenizer="auto"`` uses the Java PTB tokenizer when ``java`` is on the PATH, otherwise the
+  pure-Python re-implementation in :mod:`captioning.metrics.tokenizer` (which gives the same tokens on
+  caption text; see its docstring for the exotic differences).  ``"ptb-java"`` / ``"python"`` force one.
+* METEOR runs in Java; without Java it is skipped and the reason is recorded in
+  :attr:`CaptionScores.skipped` (never silently dropped).  The METEOR subprocess is always shut down
+  after use, also when scoring fails.
+* SPICE (``"spice"``) needs Java 8+ and the Stanford CoreNLP 3.6.0 jars that pycocoevalcap downloads
+  on first use.  They are never downloaded from here (that would hang or fail offline): when they are
+  missing, or SPICE fails, it is skipped with a reason telling how to enable it.
+* Empty candidate captions (or captions made only of punctuation, which tokenize to nothing) are
+  scored as coco-caption scores them: pycocoevalcap's scorers accept empty hypotheses and give such an
+  image 0 for every metric (its n-gram counts are zero), while its references still count in BLEU's
+  corpus-level brevity penalty and in CIDEr's document frequencies.  No special rule is applied.
+* Line breaks inside a caption are replaced by spaces before tokenizing (pycocoevalcap does this for
+  ``"\\n"`` only; other line-break characters would make its tokenizer output misaligned).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from captioning.metrics.tokenizer import clean_caption, ptb_tokenize, strip_punctuation
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CaptionScores", "score_captions", "java_ptb_tokenize", "VALID_METRICS", "TOKENIZERS"]
+
+#: Metric names accepted by :func:`score_captions` -> the coco-caption score names they produce.
+VALID_METRICS: dict[str, tuple[str, ...]] = {
+    "bleu": ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"),
+    "meteor": ("METEOR",),
+    "rouge": ("ROUGE_L",),
+    "cider": ("CIDEr",),
+    "spice": ("SPICE",),
+}
+TOKENIZERS = ("auto", "ptb-java", "python")
+
+_SPICE_HOWTO = ("to enable SPICE, run once on a machine with internet access "
+                "`python -c \"from pycocoevalcap.spice.spice import Spice; Spice()\"` so that pycocoevalcap "
+                "downloads the Stanford CoreNLP 3.6.0 jars it needs into pycocoevalcap/spice/lib/ "
+                "(SPICE also needs Java 8 or newer on the PATH)")
+
+
+@dataclass
+class CaptionScores:
+    """Corpus-level and per-image caption scores, with coco-caption's metric names."""
+
+    overall: dict[str, float]  # keys among Bleu_1..Bleu_4, METEOR, ROUGE_L, CIDEr, SPICE
+    per_image: dict[Hashable, dict[str, float]]
+    tokenizer: str  # "ptb-java" or "python"
+    skipped: dict[str, str] = field(default_factory=dict)  # metric name -> why it was not computed
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------------------
+def _normalise_metrics(metrics: Sequence[str]) -> list[str]:
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    out: list[str] = []
+    for m in metrics:
+        if not isinstance(m, str) or m.lower() not in VALID_METRICS:
+            raise ValueError(f"unknown metric {m!r}; valid metrics are {', '.join(VALID_METRICS)}")
+        if m.lower() not in out:
+            out.append(m.lower())
+    if not out:
+        raise ValueError(f"no metrics requested; valid metrics are {', '.join(VALID_METRICS)}")
+    return out
+
+
+def _validate(candidates: Mapping[Hashable, str],
+              references: Mapping[Hashable, Sequence[str]]) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
+    """(gts, res) in coco-caption's layout, over the candidates' ids, after checking the inputs."""
+    if not isinstance(candidates, Mapping) or not isinstance(references, Mapping):
+        raise ValueError("candidates and references must be mappings from image id to caption(s)")
+    if not candidates:
+        raise ValueError("no candidate captions to score")
+    missing = [k for k in candidates if k not in references]
+    if missing:
+        shown = ", ".join(repr(k) for k in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise ValueError(f"{len(missing)} candidate image id(s) have no references: {shown}")
+    gts: dict[Hashable, list[str]] = {}
+    res: dict[Hashable, list[str]] = {}
+    for key, cand in candidates.items():
+        if not isinstance(cand, str):
+            raise ValueError(f"candidate caption for image {key!r} must be a str, got {type(cand).__name__}")
+        refs = references[key]
+        if isinstance(refs, str) or not isinstance(refs, Sequence):
+            raise ValueError(f"references for image {key!r} must be a list of strings, got {type(refs).__name__}")
+        if len(refs) == 0:
+            raise ValueError(f"image {key!r} has an empty reference list")
+        for ref in refs:
+            if not isinstance(ref, str):
+                raise ValueError(f"reference caption for image {key!r} must be a str, got {type(ref).__name__}")
+        gts[key] = list(refs)
+        res[key] = [cand]
+    ignored = len(references) - len(gts)
+    if ignored > 0:
+        logger.debug("ignoring the references of %d image(s) without a candidate", ignored)
+    return gts, res
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenization
+# ------------------------------------------------------------------------------------------------
+def _ptb_jar() -> str:
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    return os.path.join(os.path.dirname(os.path.abspath(ptbtokenizer.__file__)), ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
+
+
+def java_ptb_tokenize(captions: Mapping[Hashable, Sequence[str]], java: str = "java") -> dict[Hashable, list[str]]:
+    """coco-caption's ``PTBTokenizer().tokenize`` on plain strings, run robustly.
+
+    Same jar, command line (``edu.stanford.nlp.process.PTBTokenizer -preserveLines -lowerCase``),
+    caption order and punctuation removal as pycocoevalcap, but the temporary file goes to the system
+    temporary directory (not into site-packages), the tool's stderr is logged instead of printed, a
+    failure raises instead of yielding misaligned captions, and line breaks inside captions are
+    replaced by spaces first.
+    """
+    ids: list[Hashable] = []
+    lines: list[str] = []
+    for key, caps in captions.items():
+        for cap in caps:
+            ids.append(key)
+            lines.append(clean_caption(cap))
+    out: dict[Hashable, list[str]] = {key: [] for key in captions}
+    if not lines:
+        return out
+    fd, path = tempfile.mkstemp(prefix="ptb_", suffix=".txt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write("\n".join(lines).encode("utf-8"))
+        cmd = [java, "-cp", _ptb_jar(), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase", path]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False)
+    finally:
+        os.remove(path)
+    err = proc.stderr.decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Java PTB tokenizer failed (exit code {proc.returncode}): {err[-2000:]}")
+    if err:
+        logger.debug("PTBTokenizer: %s", err)
+    tokenized = proc.stdout.decode("utf-8").split("\n")
+    if len(tokenized) < len(lines) or any(line.strip() for line in tokenized[len(lines):]):
+        raise RuntimeError(f"the Java PTB tokenizer returned {len(tokenized)} lines for {len(lines)} captions")
+    for key, line in zip(ids, tokenized):
+        out[key].append(strip_punctuation(line))
+    return out
+
+
+def _resolve_tokenizer(tokenizer: str, java: str | None) -> str:
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; valid tokenizers are {', '.join(TOKENIZERS)}")
+    if tokenizer == "auto":
+        chosen = "ptb-java" if java else "python"
+        if not java:
+            logger.info("java not found on the PATH: tokenizing with the pure-Python PTB tokenizer")
+        return chosen
+    if tokenizer == "ptb-java" and not java:
+        raise RuntimeError("tokenizer='ptb-java' needs Java, but no `java` executable is on the PATH; install a "
+                           "Java runtime (8 or newer) or use tokenizer='python' / 'auto'")
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------
+# Scorers
+# ------------------------------------------------------------------------------------------------
+def _close_meteor(meteor: Any) -> None:
+    """Shut pycocoevalcap's METEOR subprocess down (also after a failure inside compute_score)."""
+    lock = getattr(meteor, "lock", None)
+    if lock is not None and lock.locked():  # compute_score raised while holding its lock
+        lock.release()
+    close = getattr(meteor, "close", None)
+    if callable(close):
+        close()
+    else:  # pycocoevalcap 1.2: the shutdown lives in __del__ (safe to run twice)
+        meteor.__del__()
+
+
+def _run_meteor(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> tuple[float, list[float]]:
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    meteor = Meteor()
+    try:
+        score, scores = meteor.compute_score(gts, res)
+    finally:
+        _close_meteor(meteor)
+    return float(score), [float(s) for s in scores]
+
+
+def _spice_models_present() -> bool:
+    from pycocoevalcap.spice import get_stanford_models as gsm
+
+    lib = os.path.join(os.path.dirname(os.path.abspath(gsm.__file__)), gsm.SPICELIB)
+    return all(os.path.exists(os.path.join(lib, f"{gsm.JAR}{suffix}.jar")) for suffix in ("", "-models"))
+
+
+def _run_spice(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> tuple[float, list[float]]:
+    from pycocoevalcap.spice.spice import Spice
+
+    score, scores = Spice().compute_score(gts, res)
+    per = [float(s["All"]["f"]) for s in scores]
+    return float(score), per
+
+
+def score_captions(candidates: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]],
+                   metrics: Sequence[str] = ("bleu", "meteor", "rouge", "cider"),
+                   tokenizer: str = "auto") -> CaptionScores:
+    """Score candidate captions against references exactly as the coco-caption toolkit does.
+
+    Args:
+        candidates: image id -> the generated caption (raw text; may be empty).
+        references: image id -> its reference captions (raw text); ids without a candidate are ignored.
+        metrics: any of ``"bleu"``, ``"meteor"``, ``"rouge"``, ``"cider"``, ``"spice"``.
+        tokenizer: ``"auto"`` (Java PTB tokenizer when Java is available, else the Python one),
+            ``"ptb-java"`` or ``"python"``.
+
+    Returns:
+        :class:`CaptionScores` with corpus-level scores, per-image scores (keyed like `candidates`, in
+        its order), the tokenizer used and the metrics skipped with the reason.
+
+    Raises:
+        ValueError: unknown metric or tokenizer name; a candidate without references; an empty
+            reference list; a caption that is not a string; no candidates.
+        RuntimeError: ``tokenizer="ptb-java"`` without Java, or the Java tokenizer failing.
+    """
+    wanted = _normalise_metrics(metrics)
+    java = shutil.which("java")
+    tok_name = _resolve_tokenizer(tokenizer, java)
+    gts_raw, res_raw = _validate(candidates, references)
+
+    # Two separate tokenizer runs, references first, as COCOEvalCap.evaluate does.
+    if tok_name == "ptb-java":
+        assert java is not None
+        gts = java_ptb_tokenize(gts_raw, java)
+        res = java_ptb_tokenize(res_raw, java)
+    else:
+        gts = ptb_tokenize(gts_raw)
+        res = ptb_tokenize(res_raw)
+
+    ids = list(res)
+    overall: dict[str, float] = {}
+    per_image: dict[Hashable, dict[str, float]] = {k: {} for k in ids}
+    skipped: dict[str, str] = {}
+
+    def record(name: str, score: float, scores: Sequence[float]) -> None:
+        overall[name] = float(score)
+        for key, value in zip(ids, scores):
+            per_image[key][name] = float(value)
+
+    for metric in wanted:
+        if metric == "bleu":
+            from pycocoevalcap.bleu.bleu import Bleu
+
+            score, scores = Bleu(4).compute_score(gts, res, verbose=0)
+            for n, name in enumerate(VALID_METRICS["bleu"]):
+                record(name, score[n], scores[n])
+        elif metric == "rouge":
+            from pycocoevalcap.rouge.rouge import Rouge
+
+            score, scores = Rouge().compute_score(gts, res)
+            record("ROUGE_L", score, scores)
+        elif metric == "cider":
+            from pycocoevalcap.cider.cider import Cider
+
+            score, scores = Cider().compute_score(gts, res)
+            record("CIDEr", score, scores)
+        elif metric == "meteor":
+            if not java:
+                skipped["METEOR"] = ("METEOR runs the METEOR 1.5 jar and needs Java, but no `java` executable is on "
+                                     "the PATH; install a Java runtime (8 or newer) to compute it")
+                continue
+            score, scores = _run_meteor(gts, res)
+            record("METEOR", score, scores)
+        elif metric == "spice":
+            if not java:
+                skipped["SPICE"] = "SPICE needs Java, but no `java` executable is on the PATH; " + _SPICE_HOWTO
+                continue
+            if not _spice_models_present():
+                skipped["SPICE"] = "the Stanford CoreNLP 3.6.0 jars used by SPICE are not installed; " + _SPICE_HOWTO
+                continue
+            try:
+                score, scores = _run_spice(gts, res)
+            except Exception as exc:  # noqa: BLE001 - any failure of the external tool becomes a skip reason
+                skipped["SPICE"] = f"SPICE failed ({type(exc).__name__}: {exc}); " + _SPICE_HOWTO
+                continue
+            record("SPICE", score, scores)
+
+    for name, reason in skipped.items():
+        logger.warning("%s not computed: %s", name, reason)
+    logger.info("scored %d images with the %s tokenizer: %s", len(ids), tok_name,
+                ", ".join(f"{k}={v:.4f}" for k, v in overall.items() if not math.isnan(v)))
+    return CaptionScores(overall=overall, per_image=per_image, tokenizer=tok_name, skipped=skipped)

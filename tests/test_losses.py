@@ -1,0 +1,35 @@
+import math
+
+import torch
+
+from captioning.losses import caption_loss, doubly_stochastic
+
+
+def test_doubly_stochastic_matches_hand_computation():
+    # One caption, 2 real steps + 1 padded step, 3 regions.
+    alphas = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.2, 0.6], [0.9, 0.05, 0.05]]])
+    step_mask = torch.tensor([[True, True, False]])
+    # Coverage over real steps: (0.7, 0.45, 0.85) -> (0.3^2 + 0.55^2 + 0.15^2) = 0.09 + 0.3025 + 0.0225
+    assert math.isclose(doubly_stochastic(alphas, step_mask).item(), 0.415, rel_tol=1e-6)
+    # A second caption with full coverage 1 everywhere adds 0: the mean over captions halves it.
+    alphas2 = torch.cat([alphas, torch.tensor([[[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]])])
+    mask2 = torch.tensor([[True, True, False], [True, True, True]])
+    assert math.isclose(doubly_stochastic(alphas2, mask2).item(), 0.415 / 2, rel_tol=1e-6)
+    region_mask = torch.tensor([[True, False, True], [True, True, True]])
+    assert math.isclose(doubly_stochastic(alphas2, mask2, region_mask).item(), (0.09 + 0.0225) / 2, rel_tol=1e-6)
+
+
+def test_caption_loss_sums_over_time_and_ignores_padding():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5)
+    targets = torch.tensor([[4, 2, 0], [3, 4, 2]])
+    alphas = torch.full((2, 3, 4), 0.25)
+    terms = caption_loss(logits, targets, alphas, pad_id=0, attention_weight=0.5)
+    logp = torch.log_softmax(logits, -1)
+    nll0 = -(logp[0, 0, 4] + logp[0, 1, 2])
+    nll1 = -(logp[1, 0, 3] + logp[1, 1, 4] + logp[1, 2, 2])
+    torch.testing.assert_close(terms.nll, (nll0 + nll1) / 2)
+    torch.testing.assert_close(terms.token_nll, (nll0 + nll1) / 5)
+    reg = ((1 - 0.5) ** 2 * 4 + (1 - 0.75) ** 2 * 4) / 2
+    torch.testing.assert_close(terms.attention_reg, torch.tensor(reg))
+    torch.testing.assert_close(terms.total, terms.nll + 0.5 * reg)

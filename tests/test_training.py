@@ -1,0 +1,107 @@
+"""Training: a tiny model overfits one batch; checkpoints round-trip; the Hydra app runs end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from captioning.checkpoint import load_model, read_checkpoint, save_checkpoint
+from captioning.data.karpathy import CaptionDataset, collate, read_karpathy
+from captioning.data.vocab import Vocabulary
+from captioning.decoding import greedy_decode
+from captioning.losses import caption_loss
+from captioning.models.captioner import build_captioner
+from captioning.train import train
+
+from conftest import TINY_MODEL
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def _one_batch(shapes_json, n_images=4):
+    records = read_karpathy(shapes_json, "train")[:n_images]
+    vocab = Vocabulary.build(c for r in records for c in r.captions)
+    model = build_captioner(TINY_MODEL, len(vocab))
+    ds = CaptionDataset(records, vocab, model.encoder.transform())
+    return model, vocab, collate([ds[i] for i in range(n_images)])
+
+
+def test_tiny_model_overfits_one_batch(shapes_json):
+    torch.manual_seed(0)
+    model, vocab, batch = _one_batch(shapes_json)
+    # One caption per image, so the target for each image is unambiguous.
+    first = torch.tensor([(batch.image_index == i).nonzero()[0, 0].item() for i in range(4)])
+    caps, idx = batch.captions[first], batch.image_index[first]
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(150):
+        out = model(batch.images, caps, idx)
+        loss = caption_loss(out.logits, caps[:, 1:], out.alphas, vocab.pad_id, attention_weight=0.0)
+        opt.zero_grad()
+        loss.total.backward()
+        opt.step()
+    assert loss.token_nll.item() < 0.05
+    model.eval()
+    a, _ = model.encode(batch.images)
+    decoded = greedy_decode(model.decoder, a, max_len=20)
+    for i in range(4):
+        target = [t for t in caps[i, 1:].tolist() if t not in (vocab.pad_id, vocab.end_id)]
+        assert decoded.tokens[i] == target
+
+
+def test_checkpoint_round_trip_gives_identical_captions(shapes_json, tmp_path):
+    model, vocab, batch = _one_batch(shapes_json)
+    model.eval()
+    config = {"model": TINY_MODEL}
+    path = save_checkpoint(tmp_path / "ckpt.pt", model, vocab, config, epoch=3)
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+    loaded, vocab2, ckpt = load_model(path)
+    assert vocab2 == vocab and ckpt["epoch"] == 3
+    a1, _ = model.encode(batch.images)
+    a2, _ = loaded.encode(batch.images)
+    assert greedy_decode(model.decoder, a1, 10).tokens == greedy_decode(loaded.decoder, a2, 10).tokens
+
+
+def test_foreign_or_missing_checkpoint_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        read_checkpoint(tmp_path / "nope.pt")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a captioning checkpoint"):
+        read_checkpoint(tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="not a readable captioning checkpoint"):
+        read_checkpoint(tmp_path / "junk.pt")
+
+
+def _compose(shapes_json, *overrides):
+    root = Path(shapes_json).parent
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("train", overrides=[
+            f"dataset.root={root}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
+            "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
+            "dataset.batch_size=8", "encoder.channels=[8,16]", "encoder.num_pools=2", "attention.attention_dim=16",
+            "decoder.embed_dim=16", "decoder.hidden_dim=32", "trainer.progress=false", "eval.metrics=[bleu,cider]",
+            "eval.num_figures=2", *overrides])
+
+
+def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
+    cfg = _compose(shapes_json, "trainer.max_epochs=2")
+    metrics = train(cfg, tmp_path)
+    for name in ("metrics.json", "results.json", "history.json", "checkpoints/best.pt", "checkpoints/last.pt"):
+        assert (tmp_path / name).is_file(), name
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["epochs"] == 2 and saved["num_images"] == 12 and saved["beam_size"] == 3
+    assert 0 <= saved["Bleu_4"] <= 1 and "CIDEr" in saved and "attention_correctness" in saved
+    assert len(json.loads((tmp_path / "results.json").read_text())) == 12
+    assert len(list((tmp_path / "figures").glob("*.png"))) >= 1
+    assert metrics["CIDEr"] == saved["CIDEr"]
+    # Resume the same run for one more epoch: it continues from epoch 2, not from scratch.
+    cfg3 = _compose(shapes_json, "trainer.max_epochs=3", "resume=auto")
+    train(cfg3, tmp_path)
+    assert json.loads((tmp_path / "metrics.json").read_text())["epochs"] == 3
+    assert [h["epoch"] for h in json.loads((tmp_path / "history.json").read_text())] == [1, 2, 3]
+    # A checkpoint of another model is refused with a clear message.
+    other = _compose(shapes_json, "decoder.hidden_dim=24", f"resume={tmp_path / 'checkpoints/last.pt'}")
+    with pytest.raises(ValueError, match="different model config"):
+        train(other, tmp_path / "other")
