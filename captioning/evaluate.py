@@ -25,6 +25,8 @@ from captioning.models.captioner import Captioner
 from captioning.visualize import plot_attention
 
 logger = logging.getLogger(__name__)
+# The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @dataclass
@@ -117,7 +119,7 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     """Console entry point."""
     metrics = evaluate(cfg, Path(HydraConfig.get().runtime.output_dir))

@@ -21,13 +21,15 @@ from tqdm import tqdm
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.build import build_vocab, load_records
-from captioning.data.karpathy import CaptionDataset, collate
+from captioning.data.karpathy import Batch, CaptionDataset, collate
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import decode_split, resolve_device, score_predictions, write_outputs
-from captioning.losses import caption_loss
+from captioning.losses import LossTerms, MovingAverageBaseline, hard_attention_loss
 from captioning.models.captioner import Captioner, build_captioner
 
 logger = logging.getLogger(__name__)
+# The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def set_seed(seed: int) -> None:
@@ -66,6 +68,7 @@ class Trainer:
         self.scheduler = instantiate(sched)(self.optimizer) if sched and sched.get("_target_") else None
         self.epoch, self.step, self.best, self.bad_epochs, self.history = 0, 0, float("-inf"), 0, []
         self.train_seconds = 0.0
+        self.baseline = MovingAverageBaseline(self.tc.reinforce.baseline_decay)
         self.ckpt_dir = out_dir / "checkpoints"
         logger.info("model: %.2fM trainable parameters on %s", sum(p.numel() for p in params) / 1e6, self.device)
 
@@ -81,7 +84,7 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict() if self.scheduler else None,
             epoch=self.epoch, step=self.step, best=self.best, bad_epochs=self.bad_epochs,
-            history=self.history, train_seconds=self.train_seconds,
+            history=self.history, train_seconds=self.train_seconds, baseline=self.baseline.state_dict(),
         )
 
     def resume(self, path: Path) -> None:
@@ -97,9 +100,22 @@ class Trainer:
         self.epoch, self.step, self.best = ckpt["epoch"], ckpt["step"], ckpt["best"]
         self.bad_epochs, self.history = ckpt["bad_epochs"], ckpt["history"]
         self.train_seconds = ckpt.get("train_seconds", 0.0)
+        self.baseline.load_state_dict(ckpt["baseline"])
         logger.info("resumed from %s at epoch %d (best %s %.4f)", path, self.epoch, self.tc.monitor, self.best)
 
     # -- loops -------------------------------------------------------------------------------
+    def loss(self, batch: Batch) -> LossTerms:
+        """Forward one minibatch and compute the loss (with REINFORCE terms when attention samples regions)."""
+        rc = self.tc.reinforce
+        self.model.decoder.attention.begin_batch()
+        captions, image_index = batch.captions, batch.image_index
+        if rc.num_samples > 1:  # N sampled attention paths per caption
+            captions, image_index = captions.repeat(rc.num_samples, 1), image_index.repeat(rc.num_samples)
+        out = self.model(batch.images, captions, image_index)
+        return hard_attention_loss(out.logits, captions[:, 1:], out.alphas, out.log_probs, out.entropies,
+                                   Vocabulary.pad_id, self.baseline, self.tc.attention_weight,
+                                   rc.reward_weight, rc.entropy_weight)
+
     def train_epoch(self, writer: SummaryWriter, deadline: float | None) -> tuple[dict[str, float], bool]:
         """One pass over the training split; returns mean losses and whether the time budget ran out."""
         self.model.train()
@@ -108,10 +124,7 @@ class Trainer:
         sums, n, out_of_time = {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}, 0, False
         bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", disable=not self.tc.progress)
         for batch in bar:
-            batch = batch.to(self.device)
-            out = self.model(batch.images, batch.captions, batch.image_index)
-            terms = caption_loss(out.logits, batch.captions[:, 1:], out.alphas, Vocabulary.pad_id,
-                                 attention_weight=self.tc.attention_weight)
+            terms = self.loss(batch.to(self.device))
             self.optimizer.zero_grad(set_to_none=True)
             terms.total.backward()
             if self.tc.grad_clip:
@@ -120,8 +133,10 @@ class Trainer:
             self.step += 1
             vals = {"loss": terms.total.item(), "nll": terms.nll.item(), "token_nll": terms.token_nll.item(),
                     "attention_reg": terms.attention_reg.item()}
+            if terms.policy is not None:
+                vals.update(policy=terms.policy.item(), entropy=terms.entropy.item(), baseline=self.baseline.value)
             for k, v in vals.items():
-                sums[k] += v
+                sums[k] = sums.get(k, 0.0) + v
             n += 1
             bar.set_postfix(loss=f"{vals['loss']:.3f}", ppl=f"{np.exp(vals['token_nll']):.2f}")
             if self.step % self.tc.log_every == 0:
@@ -200,7 +215,7 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> float:
     """Console entry point; returns the best validation score so Hydra sweepers (Optuna) can optimise it."""
     metrics = train(cfg, Path(HydraConfig.get().runtime.output_dir))

@@ -88,8 +88,11 @@ def _normalise_metrics(metrics: Sequence[str]) -> list[str]:
     return out
 
 
+_Captions = dict[Hashable, list[str]]
+
+
 def _validate(candidates: Mapping[Hashable, str],
-              references: Mapping[Hashable, Sequence[str]]) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
+              references: Mapping[Hashable, Sequence[str]]) -> tuple[_Captions, _Captions]:
     """(gts, res) in coco-caption's layout, over the candidates' ids, after checking the inputs."""
     if not isinstance(candidates, Mapping) or not isinstance(references, Mapping):
         raise ValueError("candidates and references must be mappings from image id to caption(s)")
@@ -126,7 +129,8 @@ def _validate(candidates: Mapping[Hashable, str],
 def _ptb_jar() -> str:
     from pycocoevalcap.tokenizer import ptbtokenizer
 
-    return os.path.join(os.path.dirname(os.path.abspath(ptbtokenizer.__file__)), ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
+    folder = os.path.dirname(os.path.abspath(ptbtokenizer.__file__))
+    return os.path.join(folder, ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
 
 
 def java_ptb_tokenize(captions: Mapping[Hashable, Sequence[str]], java: str = "java") -> dict[Hashable, list[str]]:
@@ -152,7 +156,8 @@ def java_ptb_tokenize(captions: Mapping[Hashable, Sequence[str]], java: str = "j
         with os.fdopen(fd, "wb") as f:
             f.write("\n".join(lines).encode("utf-8"))
         cmd = [java, "-cp", _ptb_jar(), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase", path]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                              check=False)
     finally:
         os.remove(path)
     err = proc.stderr.decode("utf-8", "replace").strip()

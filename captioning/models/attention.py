@@ -46,6 +46,9 @@ class Attention(nn.Module):
         """
         return a
 
+    def begin_batch(self) -> None:
+        """Called by the trainer before each training minibatch (hard attention tosses its coin here)."""
+
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
         raise NotImplementedError
@@ -71,3 +74,43 @@ class SoftAttention(Attention):
         alpha = masked_softmax(self.scores(keys, h), mask)  # (B, L)
         context = torch.bmm(alpha.unsqueeze(1), a).squeeze(1)  # (B, 1, L) @ (B, L, D) -> (B, D)
         return AttentionOutput(context, alpha)
+
+
+class HardAttention(SoftAttention):
+    """The paper's stochastic attention: s_t ~ Multinomial(alpha_t), z_t = a_{s_t}; trained with REINFORCE.
+
+    In training, each minibatch (see `begin_batch`) uses the expected context (the soft step) with probability
+    `expected_context_prob`, else samples one region per step and reports log p(s_t | a) and H(alpha_t) for
+    the REINFORCE terms in `captioning.losses`. At test time `test_mode` picks the context: the expectation
+    (deterministic, the default), the argmax region, or a sampled region.
+    """
+
+    TEST_MODES = ("expectation", "argmax", "sample")
+
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int = 512,
+                 expected_context_prob: float = 0.5, test_mode: str = "expectation"):
+        super().__init__(annotation_dim, hidden_dim, attention_dim)
+        if test_mode not in self.TEST_MODES:
+            raise ValueError(f"attention.test_mode must be one of {self.TEST_MODES}, got {test_mode!r}")
+        if not 0.0 <= expected_context_prob <= 1.0:
+            raise ValueError(f"attention.expected_context_prob must be in [0, 1], got {expected_context_prob}")
+        self.expected_context_prob, self.test_mode = expected_context_prob, test_mode
+        self.sample_this_batch = True
+
+    def begin_batch(self) -> None:
+        """Toss the per-minibatch coin: sample regions, or use the expected context for this batch."""
+        self.sample_this_batch = bool(torch.rand(()) >= self.expected_context_prob)
+
+    def forward(self, a, keys, h, mask=None, prev_alpha=None) -> AttentionOutput:
+        alpha = masked_softmax(self.scores(keys, h), mask)  # (B, L)
+        mode = ("sample" if self.sample_this_batch else "expectation") if self.training else self.test_mode
+        if mode == "expectation":
+            return AttentionOutput(torch.bmm(alpha.unsqueeze(1), a).squeeze(1), alpha)  # (B, D)
+        if mode == "argmax":
+            index = alpha.argmax(dim=1)  # (B,)
+        else:
+            index = torch.multinomial(alpha.detach(), 1).squeeze(1)  # (B,)
+        context = a[torch.arange(a.shape[0], device=a.device), index]  # (B, D): one region's annotation
+        log_prob = torch.log(alpha.gather(1, index.unsqueeze(1)).squeeze(1))  # (B,)
+        entropy = -torch.special.xlogy(alpha, alpha).sum(dim=1)  # (B,), masked regions add 0
+        return AttentionOutput(context, alpha, log_prob, entropy, index)
