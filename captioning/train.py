@@ -176,8 +176,9 @@ class Trainer:
             if improved:
                 self.save("best.pt")
             self.save("last.pt")
-            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f%s", self.epoch, losses["loss"], self.tc.monitor,
-                        score, val.get("Bleu_4", float("nan")), " (best)" if improved else "")
+            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s", self.epoch,
+                        losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
+                        val.get("attention_correctness", float("nan")), " (best)" if improved else "")
             if out_of_time:
                 logger.info("time budget of %s minutes reached", budget)
                 break

@@ -202,7 +202,33 @@ def test_templates_are_varied(built: tuple[Path, dict]) -> None:
     starts = {" ".join(s["tokens"][:2]) for e in data["images"] for s in e["sentences"]}
     relations = {t for e in data["images"] for s in e["sentences"] for t in s["tokens"] if t in RELATION_WORDS}
     assert len(starts) >= 8
-    assert len(relations) >= 3
+    assert relations == {"left", "above"}  # objects are named in reading order
+
+
+def _named_order(tokens: list[str]) -> list[str]:
+    return [t for t in tokens if t in SHAPES]
+
+
+def test_objects_are_named_in_reading_order(built: tuple[Path, dict]) -> None:
+    """Left to right (a vertical pair: top to bottom), so the next object's place is predictable."""
+    _, data = built
+    for e in data["images"]:
+        centre = {o["shape"]: ((o["box"][0] + o["box"][2]) / 2, (o["box"][1] + o["box"][3]) / 2) for o in e["objects"]}
+        for s in e["sentences"]:
+            named = _named_order(s["tokens"])
+            for first, second in zip(named, named[1:]):
+                (ax, ay), (bx, by) = centre[first], centre[second]
+                vertical_pair = len(named) == 2 and abs(ay - by) > abs(ax - bx)
+                assert (ay <= by) if vertical_pair else (ax <= bx), (s["tokens"], e["objects"])
+
+
+def test_common_phrasings_dominate(built: tuple[Path, dict]) -> None:
+    """Like real captions, a few phrasings are frequent: the commonest opening is in most images' references."""
+    _, data = built
+    with_full_relation = sum(
+        any(len(s["tokens"]) > 3 and s["tokens"][1] in SIZES and s["tokens"][2] in COLOURS for s in e["sentences"])
+        for e in data["images"])
+    assert with_full_relation / len(data["images"]) > 0.6
 
 
 def test_word_boxes(built: tuple[Path, dict]) -> None:

@@ -37,13 +37,15 @@ class ShowAttendTellDecoder(nn.Module):
 
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
                  embed_dim: int = 512, hidden_dim: int = 512, init_layers: int = 1,
-                 selector: bool = True, dropout: float = 0.5):
+                 selector: bool = True, dropout: float = 0.5, init_from_annotations: bool = True):
         super().__init__()
         self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
         self.attention = attention(annotation_dim=annotation_dim, hidden_dim=hidden_dim)
         self.embed = nn.Embedding(vocab_size, embed_dim)
-        self.init_h = _mlp(annotation_dim, hidden_dim, init_layers)
-        self.init_c = _mlp(annotation_dim, hidden_dim, init_layers)
+        # The paper initialises h_0, c_0 from the mean annotation; zeros is an ablation that makes every bit of
+        # image information reach the decoder through attention.
+        self.init_h = _mlp(annotation_dim, hidden_dim, init_layers) if init_from_annotations else None
+        self.init_c = _mlp(annotation_dim, hidden_dim, init_layers) if init_from_annotations else None
         self.selector = nn.Linear(hidden_dim, 1) if selector else None  # beta_t, a scalar gate
         self.lstm = nn.LSTMCell(embed_dim + annotation_dim, hidden_dim)
         self.L_h = nn.Linear(hidden_dim, embed_dim)
@@ -52,7 +54,7 @@ class ShowAttendTellDecoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> State:
-        """h_0, c_0 = tanh(f_init(mean_i a_i)); the previous alpha starts uniform over valid regions."""
+        """h_0, c_0 = tanh(f_init(mean_i a_i)) (or zeros); the previous alpha starts uniform over valid regions."""
         if mask is None:
             mean = a.mean(dim=1)  # (N, D)
             alpha0 = a.new_full(a.shape[:2], 1.0 / a.shape[1])  # (N, L)
@@ -60,6 +62,9 @@ class ShowAttendTellDecoder(nn.Module):
             m = mask.unsqueeze(-1).to(a.dtype)  # (N, L, 1)
             mean = (a * m).sum(1) / m.sum(1).clamp(min=1)  # (N, D)
             alpha0 = mask.to(a.dtype) / mask.sum(1, keepdim=True).clamp(min=1)  # (N, L)
+        if self.init_h is None:
+            zeros = a.new_zeros(a.shape[0], self.hidden_dim)  # (N, n)
+            return zeros, zeros.clone(), alpha0
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)), alpha0
 
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
