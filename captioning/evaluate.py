@@ -21,6 +21,7 @@ from captioning.data.build import build_datasets
 from captioning.data.karpathy import CaptionDataset, collate, load_image
 from captioning.decoding import generate
 from captioning.metrics import attention_correctness, score_captions
+from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
 from captioning.visualize import plot_attention
 
@@ -41,6 +42,11 @@ class Prediction:
     @property
     def caption(self) -> str:
         return " ".join(self.words)
+
+
+def selects_regions(model: Captioner) -> bool:
+    """Whether the model's attention picks single regions (hard attention), so figures should mark them."""
+    return isinstance(model.decoder.attention, HardAttention)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,8 +96,11 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
 
 
 def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDataset, metrics: dict[str, Any],
-                  num_figures: int) -> None:
-    """metrics.json, a COCO-format results file and attention figures for the first images."""
+                  num_figures: int, mark_regions: bool = False) -> None:
+    """metrics.json, a COCO-format results file and attention figures for the first images.
+
+    `mark_regions` (hard attention) outlines the region each word's attention selects (its argmax).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
     (out_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
@@ -100,7 +109,8 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
     for p in preds[:num_figures]:
         if p.words:
             image = load_image(dataset.records[p.index].path)
-            plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png")
+            regions = p.alphas.flatten(1).argmax(1).tolist() if mark_regions else None
+            plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
 
 
@@ -115,7 +125,7 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)
     metrics = {"split": cfg.eval.split, "beam_size": cfg.eval.beam_size,
                **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
-    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures)
+    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model))
     return metrics
 
 

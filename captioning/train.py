@@ -23,7 +23,7 @@ from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.build import build_vocab, load_records
 from captioning.data.karpathy import Batch, CaptionDataset, collate
 from captioning.data.vocab import Vocabulary
-from captioning.evaluate import decode_split, resolve_device, score_predictions, write_outputs
+from captioning.evaluate import decode_split, resolve_device, score_predictions, selects_regions, write_outputs
 from captioning.losses import LossTerms, MovingAverageBaseline, hard_attention_loss
 from captioning.models.captioner import Captioner, build_captioner
 
@@ -62,6 +62,7 @@ class Trainer:
         self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab)).to(self.device)
         transform, max_len = self.model.encoder.transform(), int(cfg.dataset.max_caption_len)
         self.data = {s: CaptionDataset(r, self.vocab, transform, max_len) for s, r in records.items()}
+        self.data["train"].captions_per_image = cfg.dataset.get("captions_per_image")
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.optim)(params)
         sched = cfg.get("scheduler")
@@ -194,7 +195,7 @@ class Trainer:
         metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
                    "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
                    "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch, "train_seconds": round(self.train_seconds, 1)}
-        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures)
+        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model))
         return metrics
 
 

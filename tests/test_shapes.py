@@ -248,7 +248,7 @@ def test_meta_records_parameters(built: tuple[Path, dict]) -> None:
     root, _ = built
     meta = json.loads((root / "meta.json").read_text())
     assert meta["version"] == shapes.GENERATOR_VERSION
-    assert meta["params"] == {"seed": 0, **SMALL}
+    assert meta["params"] == {"seed": 0, "object_scale": 1.0, **SMALL}
 
 
 def test_cli(tmp_path: Path) -> None:

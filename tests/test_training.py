@@ -76,11 +76,13 @@ def test_foreign_or_missing_checkpoint_is_refused(tmp_path):
 
 def _compose(shapes_json, *overrides):
     root = Path(shapes_json).parent
+    small_attention = [] if any(o.startswith("attention=") for o in overrides) else ["attention.attention_dim=16"]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose("train", overrides=[
             f"dataset.root={root}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
             "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.batch_size=8", "encoder.channels=[8,16]", "encoder.num_pools=2", "attention.attention_dim=16",
+            "dataset.generate.object_scale=1.0", *small_attention,
+            "dataset.batch_size=8", "encoder.channels=[8,16]", "encoder.num_pools=2",
             "decoder.embed_dim=16", "decoder.hidden_dim=32", "trainer.progress=false", "eval.metrics=[bleu,cider]",
             "eval.num_figures=2", *overrides])
 
@@ -105,3 +107,15 @@ def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
     other = _compose(shapes_json, "decoder.hidden_dim=24", f"resume={tmp_path / 'checkpoints/last.pt'}")
     with pytest.raises(ValueError, match="different model config"):
         train(other, tmp_path / "other")
+
+
+@pytest.mark.parametrize("attention", ["hard", "location", "multihead"])
+def test_train_app_with_other_attention(shapes_json, tmp_path, attention):
+    cfg = _compose(shapes_json, f"attention={attention}", "trainer.max_epochs=1", "trainer.reinforce.num_samples=2",
+                   "attention.expected_context_prob=0.0" if attention == "hard" else "seed=0")
+    metrics = train(cfg, tmp_path)
+    assert metrics["attention"] == cfg.attention._target_.rsplit(".", 1)[-1]  # outside a Hydra app: the class
+    history = json.loads((tmp_path / "history.json").read_text())
+    if attention == "hard":  # every batch sampled regions: the REINFORCE terms were logged
+        assert "policy" in history[0] and "entropy" in history[0] and history[0]["baseline"] < 0
+    assert len(list((tmp_path / "figures").glob("*.png"))) >= 1

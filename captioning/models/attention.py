@@ -39,7 +39,7 @@ class Attention(nn.Module):
         self.annotation_dim, self.hidden_dim = annotation_dim, hidden_dim
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """Per-image work that does not depend on the step (e.g. W_a a_i): a tensor (B, L, *) indexed like `a`.
+        """Per-image work that does not depend on the step (e.g. W_a a_i): one tensor whose first dim is the image.
 
         `grid` is the (h, w) layout of the L = h * w regions (row-major); images with smaller grids are
         padded to it and their padded regions masked out.
