@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from PIL import Image
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -96,10 +98,11 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
 
 
 def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDataset, metrics: dict[str, Any],
-                  num_figures: int, mark_regions: bool = False) -> None:
+                  num_figures: int, mark_regions: bool = False, view: Callable[[Image.Image], Image.Image] | None = None) -> None:
     """metrics.json, a COCO-format results file and attention figures for the first images.
 
-    `mark_regions` (hard attention) outlines the region each word's attention selects (its argmax).
+    `mark_regions` (hard attention) outlines the region each word's attention selects (its argmax);
+    `view` maps an image to the part the encoder saw (its resize/crop), which the attention maps cover.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
@@ -109,6 +112,7 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
     for p in preds[:num_figures]:
         if p.words:
             image = load_image(dataset.records[p.index].path)
+            image = view(image) if view is not None else image
             regions = p.alphas.flatten(1).argmax(1).tolist() if mark_regions else None
             plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
@@ -125,7 +129,7 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)
     metrics = {"split": cfg.eval.split, "beam_size": cfg.eval.beam_size,
                **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
-    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model))
+    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model), model.encoder.view)
     return metrics
 
 

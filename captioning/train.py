@@ -195,7 +195,8 @@ class Trainer:
         metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
                    "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
                    "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch, "train_seconds": round(self.train_seconds, 1)}
-        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model))
+        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
+                      self.model.encoder.view)
         return metrics
 
 

@@ -119,3 +119,18 @@ def test_train_app_with_other_attention(shapes_json, tmp_path, attention):
     if attention == "hard":  # every batch sampled regions: the REINFORCE terms were logged
         assert "policy" in history[0] and "entropy" in history[0] and history[0]["baseline"] < 0
     assert len(list((tmp_path / "figures").glob("*.png"))) >= 1
+
+
+def test_evaluate_app_rescoring_a_checkpoint(shapes_json, tmp_path):
+    from captioning.evaluate import evaluate
+
+    train(_compose(shapes_json, "trainer.max_epochs=1"), tmp_path / "run")
+    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}",
+                                             "eval.metrics=[bleu,cider]", "eval.num_figures=1"])
+    metrics = evaluate(cfg, tmp_path / "eval")
+    # Same checkpoint, same split, same beam: the same scores as the end of training.
+    for key in ("Bleu_4", "CIDEr", "attention_correctness"):
+        assert metrics[key] == pytest.approx(trained[key], abs=1e-12)
+    assert (tmp_path / "eval" / "results.json").is_file() and (tmp_path / "eval" / "figures").is_dir()

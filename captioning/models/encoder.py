@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 import torchvision
+from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
@@ -26,6 +27,10 @@ class Encoder(nn.Module):
     def transform(self) -> Callable:
         """The preprocessing (PIL image -> normalised tensor) this encoder expects."""
         raise NotImplementedError
+
+    def view(self, image: Image.Image) -> Image.Image:
+        """The part of the image the encoder sees (after its resize/crop): what attention maps cover."""
+        return image
 
 
 class SmallCNN(Encoder):
@@ -96,9 +101,14 @@ class _TorchvisionEncoder(Encoder):
         # A frozen backbone keeps its BatchNorm statistics fixed.
         return super().train(mode and self.fine_tune != "none")
 
+    def _geometry(self) -> T.Compose:
+        return T.Compose([T.Resize(int(round(self.image_size * 256 / 224))), T.CenterCrop(self.image_size)])
+
     def transform(self) -> Callable:
-        resize = int(round(self.image_size * 256 / 224))
-        return T.Compose([T.Resize(resize), T.CenterCrop(self.image_size), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        return T.Compose([self._geometry(), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+    def view(self, image: Image.Image) -> Image.Image:
+        return self._geometry()(image)
 
 
 class VGGEncoder(_TorchvisionEncoder):
