@@ -70,12 +70,19 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
     device = next(model.parameters()).device
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
     preds: list[Prediction] = []
+    skipped: list[str] = []
     for batch in tqdm(loader, desc=f"decode (beam {beam_size})", disable=not progress, leave=False):
+        skipped += batch.skipped
+        if not batch.indices:
+            continue
         decoded, (h, w) = generate(model, batch.images.to(device), beam_size, max_len, length_penalty)
         for i, toks, alpha in zip(batch.indices, decoded.tokens, decoded.alphas):
             words = dataset.vocab.decode(toks)
             preds.append(Prediction(i, dataset.records[i].image_id, words, alpha.view(-1, h, w)))
     model.train(was_training)
+    if skipped:
+        logger.warning("skipped %d unreadable images (not scored): %s", len(skipped),
+                       "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
     return preds
 
 
@@ -94,6 +101,7 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
                                    [r.word_boxes for r in recs], [r.size for r in recs])
         out.update(ac)
     out["num_images"] = len(preds)
+    out["skipped_images"] = len(dataset) - len(preds)  # unreadable images are counted, never silently dropped
     return out
 
 

@@ -124,7 +124,11 @@ class Trainer:
                             collate_fn=collate, num_workers=self.cfg.dataset.num_workers, drop_last=False)
         sums, n, out_of_time = {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}, 0, False
         bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", disable=not self.tc.progress)
+        skipped: list[str] = []
         for batch in bar:
+            skipped += batch.skipped
+            if not batch.indices:
+                continue
             terms = self.loss(batch.to(self.device))
             self.optimizer.zero_grad(set_to_none=True)
             terms.total.backward()
@@ -146,7 +150,10 @@ class Trainer:
             if deadline is not None and time.monotonic() > deadline:
                 out_of_time = True
                 break
-        return {k: v / max(n, 1) for k, v in sums.items()}, out_of_time
+        if skipped:
+            logger.warning("epoch %d: skipped %d unreadable training images: %s", self.epoch + 1, len(skipped),
+                           "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+        return {k: v / max(n, 1) for k, v in sums.items()} | {"skipped_images": len(skipped)}, out_of_time
 
     def validate(self) -> dict[str, Any]:
         """Decode the validation split (real decoding) and score it."""

@@ -134,3 +134,16 @@ def test_evaluate_app_rescoring_a_checkpoint(shapes_json, tmp_path):
     for key in ("Bleu_4", "CIDEr", "attention_correctness"):
         assert metrics[key] == pytest.approx(trained[key], abs=1e-12)
     assert (tmp_path / "eval" / "results.json").is_file() and (tmp_path / "eval" / "figures").is_dir()
+
+
+def test_training_skips_and_counts_unreadable_images(shapes_json, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(Path(shapes_json).parent, data)
+    (data / "images" / "train_00003.png").write_bytes(b"")  # a 0-byte file
+    (data / "images" / "test_00001.png").unlink()  # a missing file
+    cfg = _compose(data / "dataset_shapes.json", "trainer.max_epochs=1")
+    metrics = train(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "history.json").read_text())[0]["skipped_images"] == 1
+    assert metrics["skipped_images"] == 1 and metrics["num_images"] == 11

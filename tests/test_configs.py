@@ -1,0 +1,40 @@
+"""Every config group entry and experiment preset composes; presets say what they promise."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_default_is_the_cpu_shapes_run():
+    cfg = _compose()
+    assert cfg.dataset.name == "shapes" and cfg.encoder._target_.endswith("SmallCNN")
+    assert cfg.attention._target_.endswith("SoftAttention") and cfg.device == "auto"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_paper_presets(preset):
+    cfg = _compose(f"experiment={preset}")
+    dataset = preset.split("_")[0]
+    assert cfg.dataset.name == dataset and cfg.dataset.max_vocab == 10000
+    assert cfg.trainer.attention_weight == 1.0 and cfg.decoder.dropout == 0.5 and cfg.trainer.monitor == "Bleu_4"
+    assert cfg.encoder.pretrained is True
+    expected_encoder = "ResNetEncoder" if "resnet" in preset else "VGGEncoder"
+    assert cfg.encoder._target_.endswith(expected_encoder)
+    assert cfg.optim._target_ == ("torch.optim.RMSprop" if dataset == "flickr8k" else "torch.optim.Adam")
+    assert cfg.attention._target_.endswith("HardAttention" if "hard" in preset else "SoftAttention")
+
+
+@pytest.mark.parametrize("group", ["encoder", "attention", "dataset", "optim", "scheduler"])
+def test_every_group_entry_composes(group):
+    for entry in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+        cfg = _compose(f"{group}={entry}")
+        assert group in cfg
