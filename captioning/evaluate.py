@@ -6,7 +6,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class Prediction:
     image_id: int
     words: list[str]
     alphas: torch.Tensor  # (T, h, w)
+    scores: dict[str, float] = field(default_factory=dict)  # per-image metrics, once scored
 
     @property
     def caption(self) -> str:
@@ -87,10 +88,15 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
 
 
 def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics: tuple[str, ...]) -> dict[str, Any]:
-    """coco-caption scores, plus attention correctness where the data set has object boxes."""
+    """coco-caption scores, plus attention correctness where the data set has object boxes.
+
+    Also fills each prediction's per-image `scores`.
+    """
     candidates = {p.image_id: p.caption for p in preds}
     references = {dataset.records[p.index].image_id: dataset.records[p.index].raw for p in preds}
     scores = score_captions(candidates, references, metrics=metrics)
+    for p in preds:
+        p.scores = scores.per_image[p.image_id]
     out: dict[str, Any] = dict(scores.overall)
     out["tokenizer"] = scores.tokenizer
     if scores.skipped:
@@ -106,8 +112,10 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
 
 
 def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDataset, metrics: dict[str, Any],
-                  num_figures: int, mark_regions: bool = False, view: Callable[[Image.Image], Image.Image] | None = None) -> None:
-    """metrics.json, a COCO-format results file and attention figures for the first images.
+                  num_figures: int, mark_regions: bool = False, view: Callable[[Image.Image], Image.Image] | None = None,
+                  num_worst: int = 20) -> None:
+    """metrics.json, a COCO-format results file, per-image scores, the `num_worst` images by CIDEr, and
+    attention figures for the first images.
 
     `mark_regions` (hard attention) outlines the region each word's attention selects (its argmax);
     `view` maps an image to the part the encoder saw (its resize/crop), which the attention maps cover.
@@ -117,6 +125,12 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
     (out_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
     results = [{"image_id": p.image_id, "caption": p.caption} for p in preds]
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    per_image = [{"image_id": p.image_id, "caption": p.caption, "references": dataset.records[p.index].raw, **p.scores}
+                 for p in preds]
+    (out_dir / "per_image_scores.json").write_text(json.dumps(per_image, indent=1) + "\n")
+    if per_image and "CIDEr" in per_image[0]:
+        worst = sorted(per_image, key=lambda r: r["CIDEr"])[:num_worst]
+        (out_dir / "worst_by_cider.json").write_text(json.dumps(worst, indent=1) + "\n")
     for p in preds[:num_figures]:
         if p.words:
             image = load_image(dataset.records[p.index].path)

@@ -61,8 +61,8 @@ class Trainer:
         self.vocab = build_vocab(records["train"], cfg.dataset.min_word_freq, cfg.dataset.get("max_vocab"))
         self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab)).to(self.device)
         transform, max_len = self.model.encoder.transform(), int(cfg.dataset.max_caption_len)
-        self.data = {s: CaptionDataset(r, self.vocab, transform, max_len) for s, r in records.items()}
-        self.data["train"].captions_per_image = cfg.dataset.get("captions_per_image")
+        per_image = {"train": cfg.dataset.get("captions_per_image")}  # evaluation splits need no captions drawn
+        self.data = {s: CaptionDataset(r, self.vocab, transform, max_len, per_image.get(s)) for s, r in records.items()}
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.optim)(params)
         sched = cfg.get("scheduler")

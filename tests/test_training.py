@@ -96,6 +96,10 @@ def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
     assert saved["epochs"] == 2 and saved["num_images"] == 12 and saved["beam_size"] == 3
     assert 0 <= saved["Bleu_4"] <= 1 and "CIDEr" in saved and "attention_correctness" in saved
     assert len(json.loads((tmp_path / "results.json").read_text())) == 12
+    per_image = json.loads((tmp_path / "per_image_scores.json").read_text())
+    assert len(per_image) == 12 and {"caption", "references", "Bleu_4", "CIDEr"} <= set(per_image[0])
+    worst = json.loads((tmp_path / "worst_by_cider.json").read_text())
+    assert [w["CIDEr"] for w in worst] == sorted(p["CIDEr"] for p in per_image)[: len(worst)]
     assert len(list((tmp_path / "figures").glob("*.png"))) >= 1
     assert metrics["CIDEr"] == saved["CIDEr"]
     # Resume the same run for one more epoch: it continues from epoch 2, not from scratch.
