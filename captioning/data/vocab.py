@@ -1,0 +1,75 @@
+"""Word vocabulary: PTB-style lower-cased tokens, a frequency threshold and four special tokens."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from nltk.tokenize import TreebankWordTokenizer
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIALS = (PAD, START, END, UNK)
+
+_treebank = TreebankWordTokenizer()
+# Tokens that are pure punctuation are dropped, as coco-caption does before scoring.
+_punct = re.compile(r"^[^\w]+$")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case a caption and split it into PTB-style word tokens without punctuation."""
+    return [t for t in _treebank.tokenize(text.lower()) if not _punct.match(t)]
+
+
+class Vocabulary:
+    """Maps words to ids and back; ids 0..3 are <pad>, <start>, <end>, <unk>."""
+
+    def __init__(self, words: Sequence[str]):
+        if tuple(words[: len(SPECIALS)]) != SPECIALS:
+            raise ValueError(f"a vocabulary must start with the special tokens {SPECIALS}, got {list(words[:4])}")
+        if len(set(words)) != len(words):
+            raise ValueError("a vocabulary must not list a word twice")
+        self.itos: list[str] = list(words)
+        self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
+
+    pad_id, start_id, end_id, unk_id = 0, 1, 2, 3
+
+    @classmethod
+    def build(cls, captions: Iterable[Sequence[str]], min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
+        """Build from tokenised training captions: words seen >= min_freq times, the most frequent max_size."""
+        if min_freq < 1:
+            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+        counts = Counter(w for tokens in captions for w in tokens)
+        # Sort by (-count, word) so the vocabulary does not depend on caption order.
+        ranked = sorted((w for w, c in counts.items() if c >= min_freq and w not in SPECIALS), key=lambda w: (-counts[w], w))
+        if max_size is not None:
+            ranked = ranked[: max(0, max_size - len(SPECIALS))]
+        if not ranked:
+            raise ValueError("the training captions gave an empty vocabulary: check the data and min_freq")
+        return cls([*SPECIALS, *ranked])
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        """Map tokens to ids; unknown words become <unk>."""
+        return [self.stoi.get(t, self.unk_id) for t in tokens]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Map ids back to words, skipping <start>/<pad> and stopping at <end>."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == self.end_id:
+                break
+            if i in (self.pad_id, self.start_id):
+                continue
+            words.append(self.itos[i])
+        return words
+
+    def to_list(self) -> list[str]:
+        """The words in id order, for checkpoints."""
+        return list(self.itos)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.itos == other.itos
