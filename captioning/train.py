@@ -51,11 +51,18 @@ def attention_name(cfg: DictConfig) -> str:
     return str(cfg.attention._target_).rsplit(".", 1)[-1]
 
 
+# Validation decodes and scores BLEU and CIDEr (fast); these are the metrics early stopping can monitor.
+MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
+
+
 class Trainer:
     """Holds the training state so that it can be checkpointed and resumed as one piece."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.cfg, self.out_dir, self.tc = cfg, out_dir, cfg.trainer
+        if self.tc.monitor not in MONITORS:
+            raise ValueError(f"trainer.monitor={self.tc.monitor!r} is not computed during validation; "
+                             f"choose one of {', '.join(MONITORS)}")
         self.device = resolve_device(cfg.device)
         records = load_records(cfg.dataset, ["train", "val", cfg.eval.split])
         self.vocab = build_vocab(records["train"], cfg.dataset.min_word_freq, cfg.dataset.get("max_vocab"))
@@ -171,6 +178,9 @@ class Trainer:
             val = self.validate()
             self.epoch += 1
             self.train_seconds += time.monotonic() - start
+            if self.tc.monitor not in val:
+                raise ValueError(f"trainer.monitor={self.tc.monitor} is not available on {self.cfg.dataset.name} "
+                                 "(attention correctness needs object boxes); monitor CIDEr or BLEU instead")
             score = float(val[self.tc.monitor])
             self.history.append({"epoch": self.epoch, "step": self.step, **losses,
                                  **{f"val_{k}": v for k, v in val.items() if isinstance(v, (int, float))}})
@@ -187,10 +197,10 @@ class Trainer:
             logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s", self.epoch,
                         losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
                         val.get("attention_correctness", float("nan")), " (best)" if improved else "")
+            (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
             if out_of_time:
                 logger.info("time budget of %s minutes reached", budget)
                 break
-        (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
 
     def test(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on the test split with the eval settings; writes metrics.json."""

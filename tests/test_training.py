@@ -151,3 +151,8 @@ def test_training_skips_and_counts_unreadable_images(shapes_json, tmp_path):
     metrics = train(cfg, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "history.json").read_text())[0]["skipped_images"] == 1
     assert metrics["skipped_images"] == 1 and metrics["num_images"] == 11
+
+
+def test_unknown_monitor_is_refused_before_training(shapes_json, tmp_path):
+    with pytest.raises(ValueError, match="trainer.monitor='METEOR' is not computed during validation"):
+        train(_compose(shapes_json, "trainer.monitor=METEOR"), tmp_path)
