@@ -16,7 +16,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from captioning.checkpoint import load_model
 from captioning.decoding import generate
-from captioning.evaluate import resolve_device, selects_regions
+from captioning.evaluate import chosen_regions, resolve_device, selects_regions
 from captioning.visualize import plot_attention
 
 
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         words, alphas = vocab.decode(decoded.tokens[0]), decoded.alphas[0].view(-1, h, w)
         print(f"{path}\t{' '.join(words)}")
         if words:
-            regions = alphas.flatten(1).argmax(1).tolist() if selects_regions(model) else None
+            regions = chosen_regions(alphas) if selects_regions(model) else None
             plot_attention(model.encoder.view(image), words, alphas.numpy(), args.out / f"{path.stem}.png", regions=regions)
     return 1 if failures else 0
 

@@ -47,6 +47,11 @@ class Prediction:
         return " ".join(self.words)
 
 
+def chosen_regions(alphas: torch.Tensor) -> list[int]:
+    """The region each word's attention map (T, h, w) selects (its argmax, row-major), for hard-attention figures."""
+    return alphas.flatten(1).argmax(1).tolist()
+
+
 def selects_regions(model: Captioner) -> bool:
     """Whether the model's attention picks single regions (hard attention), so figures should mark them."""
     return isinstance(model.decoder.attention, HardAttention)
@@ -135,7 +140,7 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
         if p.words:
             image = load_image(dataset.records[p.index].path)
             image = view(image) if view is not None else image
-            regions = p.alphas.flatten(1).argmax(1).tolist() if mark_regions else None
+            regions = chosen_regions(p.alphas) if mark_regions else None
             plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
 
