@@ -31,6 +31,8 @@ def test_paper_presets(preset):
     assert cfg.encoder._target_.endswith(expected_encoder)
     assert cfg.optim._target_ == ("torch.optim.RMSprop" if dataset == "flickr8k" else "torch.optim.Adam")
     assert cfg.attention._target_.endswith("HardAttention" if "hard" in preset else "SoftAttention")
+    if "hard" in preset:
+        assert cfg.attention.expected_context_prob == 0.5  # the paper's value, not the shapes default
 
 
 @pytest.mark.parametrize("group", ["encoder", "attention", "dataset", "optim", "scheduler"])
