@@ -20,11 +20,15 @@ from tqdm import tqdm
 
 from captioning.checkpoint import load_model
 from captioning.data.build import build_datasets
+from captioning.data.features import open_features
 from captioning.data.karpathy import CaptionDataset, collate, load_image
 from captioning.decoding import generate
+from captioning.html_report import write_prediction_report
 from captioning.metrics import attention_correctness, score_captions
+from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
+from captioning.schema import validate_evaluate_config
 from captioning.visualize import plot_attention
 
 logger = logging.getLogger(__name__)
@@ -143,19 +147,31 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
             regions = chosen_regions(p.alphas) if mark_regions else None
             plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
+    write_prediction_report(out_dir, preds, dataset, metrics, mark_regions, view)  # report.html, attention.npz
 
 
 def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Load a checkpoint, decode a split of its data set and write the scores; returns the metrics."""
+    validate_evaluate_config(cfg)  # a typo, bad value or missing checkpoint fails here, naming the key
     device = resolve_device(cfg.device)
     model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
-    _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab)
+    features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])
+    _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
+                             features=features)
     ds = data[cfg.eval.split]
+    # COCO instance masks for attention correctness: read and matched to the split before the long decode
+    instances = CocoInstances(cfg.eval.instances) if cfg.eval.get("instances") else None
+    if instances is not None:
+        instances.check_image_ids([r.image_id for r in ds.records])
     preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)
     metrics = {"split": cfg.eval.split, "beam_size": cfg.eval.beam_size,
                **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
+    if instances is not None:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
+        metrics.update(coco_attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
+                                                  [p.image_id for p in preds], instances,
+                                                  view_geometry(model.encoder.transform())))
     write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model), model.encoder.view)
     return metrics
 

@@ -1,4 +1,9 @@
-"""Collect the runs of a Hydra sweep into one table: `captioning-report MULTIRUN_DIR`."""
+"""Collect the runs of a Hydra sweep into one table and a plot: `captioning-report MULTIRUN_DIR`.
+
+The table has one column per swept override (one that varies; those every run shares are listed under it)
+and one per metric (Markdown and CSV); the plot shows a chosen metric against each swept parameter.
+Runs without metrics.json (failed, still running, killed) are listed, never fatal.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_METRICS = ("Bleu_4", "CIDEr", "METEOR", "attention_correctness", "train_seconds")
+DEFAULT_METRICS = ("Bleu_4", "CIDEr", "METEOR", "attention_correctness", "val_CIDEr", "train_seconds")
 
 
 @dataclass
@@ -30,6 +37,17 @@ class Run:
     @property
     def finished(self) -> bool:
         return bool(self.metrics)
+
+    @property
+    def status(self) -> str:
+        """'finished', or how far an unfinished run got (epochs in history.json) for the failure list."""
+        if self.finished:
+            return "finished"
+        try:
+            epochs = len(json.loads((self.path / "history.json").read_text()))
+        except (OSError, ValueError):
+            epochs = 0
+        return f"no metrics.json after {epochs} epoch{'s' * (epochs != 1)}"
 
 
 def _overrides(run_dir: Path) -> dict[str, str]:
@@ -67,14 +85,22 @@ def _fmt(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def table_rows(runs: Sequence[Run], metrics: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: one column per swept override, then one per metric, then the run folder."""
-    keys = sorted({k for r in runs for k in r.overrides})
+def table_rows(runs: Sequence[Run], metrics: Sequence[str],
+               all_overrides: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: one column per swept override (or per override), then one per metric, then the folder."""
+    keys = sorted({k for r in runs for k in r.overrides}) if all_overrides else swept_params(runs)
     header = [*keys, *metrics, "run"]
     rows = [[r.overrides.get(k, "") for k in keys] + [_fmt(r.metrics.get(m)) if r.finished else "failed/unfinished"
                                                       if i == 0 else "" for i, m in enumerate(metrics)]
             + [str(r.path)] for r in runs]
     return header, rows
+
+
+def _shared_overrides(runs: Sequence[Run]) -> dict[str, str]:
+    """Overrides every run has with the same value (left out of the table when some other override varies)."""
+    swept = set(swept_params(runs))
+    keys = sorted({k for r in runs for k in r.overrides} - swept)
+    return {k: runs[0].overrides[k] for k in keys if all(r.overrides.get(k) == runs[0].overrides.get(k) for r in runs)}
 
 
 def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -93,26 +119,110 @@ def to_csv(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return buf.getvalue()
 
 
+def _number(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Series:
+    """The chosen metric of the finished runs against one swept parameter."""
+
+    param: str
+    numeric: bool  # every value is a number: plotted as a line over sorted x; else one point per run by category
+    points: list[tuple[float | str, float]]  # (parameter value, metric), sorted by value when numeric
+
+
+def swept_params(runs: Sequence[Run]) -> list[str]:
+    """Overrides that take more than one value across the runs (all overrides if none varies)."""
+    keys = sorted({k for r in runs for k in r.overrides})
+    varying = [k for k in keys if len({r.overrides.get(k) for r in runs}) > 1]
+    return varying or keys
+
+
+def sweep_series(runs: Sequence[Run], metric: str) -> list[Series]:
+    """One series per swept parameter, from the finished runs that report `metric` as a number."""
+    scored = [r for r in runs if isinstance(r.metrics.get(metric), (int, float))
+              and not isinstance(r.metrics.get(metric), bool) and not math.isnan(r.metrics[metric])]
+    out = []
+    for param in swept_params(runs):
+        pairs = [(r.overrides[param], float(r.metrics[metric])) for r in scored if param in r.overrides]
+        numbers = [_number(x) for x, _ in pairs]
+        if pairs and all(n is not None for n in numbers):
+            out.append(Series(param, True, sorted(zip(numbers, (y for _, y in pairs)))))
+        else:
+            out.append(Series(param, False, pairs))
+    return out
+
+
+def plot_sweep(runs: Sequence[Run], metric: str, path: str | Path) -> Path | None:
+    """A PNG with one panel per swept parameter: `metric` against its values; None when nothing to plot."""
+    series = [s for s in sweep_series(runs, metric) if s.points]
+    if not series:
+        logger.warning("no finished run reports %s; no plot written", metric)
+        return None
+    fig = Figure(figsize=(4 * len(series), 3.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, s in zip(fig.subplots(1, len(series), squeeze=False)[0], series):
+        ys = [y for _, y in s.points]
+        if s.numeric:  # runs sharing a value (other parameters swept too) are averaged for the line
+            xs = sorted({float(x) for x, _ in s.points})
+            ax.plot(xs, [_mean([y for x, y in s.points if x == v]) for v in xs], "-", color="tab:blue")
+            ax.plot([x for x, _ in s.points], ys, "o", color="tab:blue")
+            if xs[0] > 0 and xs[-1] / xs[0] >= 20:  # e.g. learning rates: spread over decades
+                ax.set_xscale("log")
+        else:
+            cats = list(dict.fromkeys(str(x) for x, _ in s.points))  # first-seen order
+            ax.bar(range(len(cats)), [_mean([y for x, y in s.points if x == c]) for c in cats], color="tab:gray",
+                   alpha=0.4)
+            ax.plot([cats.index(str(x)) for x, _ in s.points], ys, "o", color="tab:blue")
+            ax.set_xticks(range(len(cats)), cats, rotation=30 if max(map(len, cats)) > 6 else 0)
+        ax.set_xlabel(s.param)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point: print the Markdown table; optionally write Markdown and CSV files."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    """Console entry point: print the Markdown table; optionally write Markdown, CSV and a plot."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", help="a Hydra multirun folder, e.g. multirun/2026-01-01/12-00-00")
     parser.add_argument("--metrics", default=",".join(DEFAULT_METRICS), help="comma-separated metrics.json keys")
-    parser.add_argument("--out", help="write the Markdown table here (and a .csv beside it)")
+    parser.add_argument("--out", help="write the Markdown table here (and a .csv and .png beside it)")
+    parser.add_argument("--plot", help="write the plot here (default: beside --out, as .png)")
+    parser.add_argument("--plot-metric", default="CIDEr", help="the metric plotted against each swept parameter")
+    parser.add_argument("--all-overrides", action="store_true", help="also tabulate overrides every run shares")
     args = parser.parse_args(argv)
     runs = collect_runs(args.sweep_dir)
-    header, rows = table_rows(runs, [m for m in args.metrics.split(",") if m])
+    header, rows = table_rows(runs, [m for m in args.metrics.split(",") if m], args.all_overrides)
     markdown = to_markdown(header, rows)
+    shared = {} if args.all_overrides else _shared_overrides(runs)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(markdown)
         out.with_suffix(".csv").write_text(to_csv(header, rows))
     print(markdown, end="")
+    if shared:
+        print("\nsame in every run: " + " ".join(f"{k}={v}" for k, v in shared.items()))
+    plot = args.plot or (Path(args.out).with_suffix(".png") if args.out else None)
+    if plot:
+        written = plot_sweep(runs, args.plot_metric, plot)
+        print(f"\nplot of {args.plot_metric} against {', '.join(swept_params(runs))}: {written}" if written
+              else f"\nno plot: no finished run reports {args.plot_metric}")
     failed = [r for r in runs if not r.finished]
     if failed:
-        print(f"\n{len(failed)} of {len(runs)} runs have no metrics.json (failed or unfinished): "
-              + ", ".join(str(r.path) for r in failed))
+        print(f"\n{len(failed)} of {len(runs)} runs have no metrics.json (failed or unfinished):")
+        print("\n".join(f"- {r.path}: {r.status}" for r in failed))
 
 
 if __name__ == "__main__":

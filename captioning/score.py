@@ -30,6 +30,10 @@ def _load(path: Path) -> Any:
         raise ValueError(f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from err
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true/false are not image ids
+
+
 def load_references(path: str | Path) -> dict[int, list[str]]:
     """image id -> reference captions, from a COCO caption annotation file."""
     path = Path(path)
@@ -38,7 +42,7 @@ def load_references(path: str | Path) -> dict[int, list[str]]:
         raise ValueError(f"{path}: expected a COCO caption annotation file with an 'annotations' list")
     refs: dict[int, list[str]] = defaultdict(list)
     for n, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or not isinstance(ann.get("caption"), str) or not isinstance(ann.get("image_id"), int):
+        if not isinstance(ann, dict) or not isinstance(ann.get("caption"), str) or not _is_id(ann.get("image_id")):
             raise ValueError(f"{path}: annotation {n} needs an integer 'image_id' and a string 'caption', got {ann!r:.200}")
         refs[ann["image_id"]].append(ann["caption"])
     return dict(refs)
@@ -52,7 +56,7 @@ def load_results(path: str | Path, references: dict[int, list[str]]) -> dict[int
         raise ValueError(f"{path}: expected a JSON list of {{\"image_id\": ..., \"caption\": ...}}")
     results: dict[int, str] = {}
     for n, res in enumerate(data):
-        if not isinstance(res, dict) or not isinstance(res.get("caption"), str) or not isinstance(res.get("image_id"), int):
+        if not isinstance(res, dict) or not isinstance(res.get("caption"), str) or not _is_id(res.get("image_id")):
             raise ValueError(f"{path}: entry {n} needs an integer 'image_id' and a string 'caption', got {res!r:.200}")
         image_id = res["image_id"]
         if image_id in results:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
+import sys
 import time
+from contextlib import nullcontext
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +19,23 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from captioning import distributed
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.build import build_vocab, load_records
+from captioning.data.features import open_features
 from captioning.data.karpathy import Batch, CaptionDataset, collate
 from captioning.data.vocab import Vocabulary
-from captioning.evaluate import decode_split, resolve_device, score_predictions, selects_regions, write_outputs
+from captioning.evaluate import (Prediction, decode_split, resolve_device, score_predictions, selects_regions,
+                                 write_outputs)
+from captioning.html_report import CURVES_NAME, plot_history
 from captioning.losses import LossTerms, MovingAverageBaseline, hard_attention_loss
-from captioning.models.captioner import Captioner, build_captioner
+from captioning.models.captioner import Captioner, build_captioner, build_encoder
+from captioning.schema import validate_train_config
 
 logger = logging.getLogger(__name__)
 # The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
@@ -54,6 +64,27 @@ def attention_name(cfg: DictConfig) -> str:
 # Validation decodes and scores BLEU and CIDEr (fast); these are the metrics early stopping can monitor.
 MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
 
+# trainer.precision -> the autocast dtype of the forward pass (None: plain float32, no autocast).
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `trainer.precision` on `device`; a clear error where it cannot run."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"trainer.precision={precision!r} is not known; choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError(f"trainer.precision=fp16 needs a CUDA device (float16 autocast with loss scaling), "
+                         f"but training runs on {device}; use trainer.precision=bf16 or fp32 there")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"trainer.precision=bf16: this GPU ({torch.cuda.get_device_name(device)}) has no bfloat16 "
+                         "support; use trainer.precision=fp16")
+    return PRECISIONS[precision]
+
+
+def _float32(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Model outputs in float32 for the loss (a no-op in fp32), so log-softmax and sums never run in 16 bits."""
+    return None if x is None else x.float()
+
 
 class Trainer:
     """Holds the training state so that it can be checkpointed and resumed as one piece."""
@@ -63,21 +94,42 @@ class Trainer:
         if self.tc.monitor not in MONITORS:
             raise ValueError(f"trainer.monitor={self.tc.monitor!r} is not computed during validation; "
                              f"choose one of {', '.join(MONITORS)}")
-        self.device = resolve_device(cfg.device)
-        records = load_records(cfg.dataset, ["train", "val", cfg.eval.split])
+        self.device = distributed.local_device(resolve_device(cfg.device))  # under torchrun: cuda:LOCAL_RANK
+        self.is_main = distributed.is_main()  # rank 0 (or the only process) writes every file
+        self.amp_dtype = autocast_dtype(self.tc.get("precision", "fp32"), self.device)
+        with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
+            encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before data is read
+            records = load_records(cfg.dataset, ["train", "val", cfg.eval.split])
         self.vocab = build_vocab(records["train"], cfg.dataset.min_word_freq, cfg.dataset.get("max_vocab"))
-        self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab)).to(self.device)
+        self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab), encoder).to(self.device)
+        if distributed.world_size() > 1 and self.device.type == "cuda":  # BatchNorm statistics of the global batch
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         transform, max_len = self.model.encoder.transform(), int(cfg.dataset.max_caption_len)
         per_image = {"train": cfg.dataset.get("captions_per_image")}  # evaluation splits need no captions drawn
-        self.data = {s: CaptionDataset(r, self.vocab, transform, max_len, per_image.get(s)) for s, r in records.items()}
+        # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
+        features = open_features(cfg.dataset.get("features"), self.model.encoder, model_config(cfg)["encoder"])
+        self.data = {s: CaptionDataset(r, self.vocab, transform, max_len, per_image.get(s), features)
+                     for s, r in records.items()}
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.optim)(params)
         sched = cfg.get("scheduler")
         self.scheduler = instantiate(sched)(self.optimizer) if sched and sched.get("_target_") else None
         self.epoch, self.step, self.best, self.bad_epochs, self.history = 0, 0, float("-inf"), 0, []
         self.train_seconds = 0.0
-        self.baseline = MovingAverageBaseline(self.tc.reinforce.baseline_decay)
+        decay = self.tc.reinforce.baseline_decay  # under torchrun: one baseline of the global batch on every rank
+        synced = distributed.initialized()
+        self.baseline = distributed.GlobalMeanBaseline(decay) if synced else MovingAverageBaseline(decay)
         self.ckpt_dir = out_dir / "checkpoints"
+        # fp16 needs loss scaling (its range is small); bf16 has float32's range and needs none.
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype == torch.float16 else None
+        # The loss runs through `forward_model`: under torchrun the DDP wrapper, which averages gradients over the
+        # ranks during backward. Decoding and checkpoints use `self.model`, the plain module it wraps.
+        self.forward_model: torch.nn.Module = self.model
+        if distributed.initialized():
+            self.forward_model = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                # hard attention switches graphs per batch; a feature cache leaves the encoder out of the forward
+                find_unused_parameters=selects_regions(self.model) or features is not None)
         logger.info("model: %.2fM trainable parameters on %s", sum(p.numel() for p in params) / 1e6, self.device)
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -93,6 +145,7 @@ class Trainer:
             scheduler=self.scheduler.state_dict() if self.scheduler else None,
             epoch=self.epoch, step=self.step, best=self.best, bad_epochs=self.bad_epochs,
             history=self.history, train_seconds=self.train_seconds, baseline=self.baseline.state_dict(),
+            scaler=self.scaler.state_dict() if self.scaler else None,
         )
 
     def resume(self, path: Path) -> None:
@@ -109,6 +162,8 @@ class Trainer:
         self.bad_epochs, self.history = ckpt["bad_epochs"], ckpt["history"]
         self.train_seconds = ckpt.get("train_seconds", 0.0)
         self.baseline.load_state_dict(ckpt["baseline"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
         logger.info("resumed from %s at epoch %d (best %s %.4f)", path, self.epoch, self.tc.monitor, self.best)
 
     # -- loops -------------------------------------------------------------------------------
@@ -119,29 +174,57 @@ class Trainer:
         captions, image_index = batch.captions, batch.image_index
         if rc.num_samples > 1:  # N sampled attention paths per caption
             captions, image_index = captions.repeat(rc.num_samples, 1), image_index.repeat(rc.num_samples)
-        out = self.model(batch.images, captions, image_index)
-        return hard_attention_loss(out.logits, captions[:, 1:], out.alphas, out.log_probs, out.entropies,
+        with torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext():
+            out = self.forward_model(batch.images, captions, image_index)
+        return hard_attention_loss(_float32(out.logits), captions[:, 1:], _float32(out.alphas),
+                                   _float32(out.log_probs), _float32(out.entropies),
                                    Vocabulary.pad_id, self.baseline, self.tc.attention_weight,
                                    rc.reward_weight, rc.entropy_weight)
+
+    def optimizer_step(self, loss: torch.Tensor) -> None:
+        """Backward (DDP averages gradients over the ranks here), clipping and one step; fp16 scales the loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients
+        if self.tc.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
+            self.scaler.update()
+
+    def train_loader(self) -> DataLoader:
+        """This epoch's shuffled training batches; under torchrun each rank reads its own 1/N of the epoch
+        (DistributedSampler, reshuffled per epoch), so the global batch is N x dataset.batch_size images."""
+        ds, dc = self.data["train"], self.cfg.dataset
+        if not distributed.initialized():
+            return DataLoader(ds, batch_size=dc.batch_size, shuffle=True, collate_fn=collate,
+                              num_workers=dc.num_workers, drop_last=False)
+        sampler = DistributedSampler(ds, shuffle=True, seed=self.cfg.seed, drop_last=False)
+        sampler.set_epoch(self.epoch)
+        return DataLoader(ds, batch_size=dc.batch_size, sampler=sampler, collate_fn=collate,
+                          num_workers=dc.num_workers, drop_last=False)
 
     def train_epoch(self, writer: SummaryWriter, deadline: float | None) -> tuple[dict[str, float], bool]:
         """One pass over the training split; returns mean losses and whether the time budget ran out."""
         self.model.train()
-        loader = DataLoader(self.data["train"], batch_size=self.cfg.dataset.batch_size, shuffle=True,
-                            collate_fn=collate, num_workers=self.cfg.dataset.num_workers, drop_last=False)
+        loader = self.train_loader()
         sums, n, out_of_time = {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}, 0, False
-        bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", disable=not self.tc.progress)
+        bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}",
+                   disable=not (self.tc.progress and self.is_main))
         skipped: list[str] = []
         for batch in bar:
             skipped += batch.skipped
-            if not batch.indices:
+            if distributed.any_rank(not batch.indices):  # all ranks skip together, or DDP's gradient sync would hang
                 continue
             terms = self.loss(batch.to(self.device))
-            self.optimizer.zero_grad(set_to_none=True)
-            terms.total.backward()
-            if self.tc.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
-            self.optimizer.step()
+            self.optimizer_step(terms.total)
+            if isinstance(self.baseline, distributed.GlobalMeanBaseline):
+                self.baseline.sync()
             self.step += 1
             vals = {"loss": terms.total.item(), "nll": terms.nll.item(), "token_nll": terms.token_nll.item(),
                     "attention_reg": terms.attention_reg.item()}
@@ -151,22 +234,40 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v
             n += 1
             bar.set_postfix(loss=f"{vals['loss']:.3f}", ppl=f"{np.exp(vals['token_nll']):.2f}")
-            if self.step % self.tc.log_every == 0:
-                for k, v in vals.items():
+            if self.step % self.tc.log_every == 0:  # the same steps on every rank
+                for k, v in distributed.pooled_means(vals, 1).items():
                     writer.add_scalar(f"train/{k}", v, self.step)
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and distributed.any_rank(time.monotonic() > deadline):
                 out_of_time = True
                 break
         if skipped:
             logger.warning("epoch %d: skipped %d unreadable training images: %s", self.epoch + 1, len(skipped),
                            "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
-        return {k: v / max(n, 1) for k, v in sums.items()} | {"skipped_images": len(skipped)}, out_of_time
+        num_skipped = sum(distributed.all_gather_objects(len(skipped)))
+        return distributed.pooled_means(sums, n) | {"skipped_images": num_skipped}, out_of_time
+
+    def decode(self, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
+               batch_size: int) -> list[Prediction]:
+        """decode_split of a whole split. Under torchrun each rank decodes its 1/N shard and rank 0 receives all
+        predictions in data set order, exactly those of a single-process decode; the other ranks get []."""
+        progress = self.tc.progress and self.is_main
+        if not distributed.initialized():
+            return decode_split(self.model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
+        preds = decode_split(self.model, distributed.shard(dataset), beam_size, max_len, length_penalty, batch_size,
+                             progress)
+        rank, world = distributed.rank(), distributed.world_size()
+        for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
+            p.index, p.alphas = rank + world * p.index, p.alphas.cpu()
+        parts = distributed.gather_objects(preds)
+        return sorted((p for part in parts for p in part), key=lambda p: p.index) if parts is not None else []
 
     def validate(self) -> dict[str, Any]:
-        """Decode the validation split (real decoding) and score it."""
-        preds = decode_split(self.model, self.data["val"], self.tc.val_beam_size, self.cfg.eval.max_len,
-                             batch_size=self.cfg.eval.batch_size, progress=self.tc.progress)
-        return score_predictions(preds, self.data["val"], ("bleu", "cider"))
+        """Decode the validation split (real decoding) and score it; every rank gets rank 0's scores, so early
+        stopping and the LR schedule take the same decisions everywhere."""
+        preds = self.decode(self.data["val"], self.tc.val_beam_size, self.cfg.eval.max_len, 0.0,
+                            self.cfg.eval.batch_size)
+        val = score_predictions(preds, self.data["val"], ("bleu", "cider")) if self.is_main else None
+        return distributed.broadcast_object(val)
 
     def fit(self, writer: SummaryWriter) -> None:
         """Epochs with validation, LR schedule, best/last checkpoints and early stopping."""
@@ -191,44 +292,55 @@ class Trainer:
                 self.scheduler.step(score) if is_plateau else self.scheduler.step()
             improved = score > self.best
             self.best, self.bad_epochs = (score, 0) if improved else (self.best, self.bad_epochs + 1)
-            if improved:
-                self.save("best.pt")
-            self.save("last.pt")
+            if self.is_main:  # one copy of every file: rank 0's
+                if improved:
+                    self.save("best.pt")
+                self.save("last.pt")
+                (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
             logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s", self.epoch,
                         losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
                         val.get("attention_correctness", float("nan")), " (best)" if improved else "")
-            (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
             if out_of_time:
                 logger.info("time budget of %s minutes reached", budget)
                 break
 
     def test(self) -> dict[str, Any]:
-        """Evaluate the best checkpoint on the test split with the eval settings; writes metrics.json."""
+        """Evaluate the best checkpoint on the test split with the eval settings; rank 0 writes metrics.json and
+        the figures; every rank returns the metrics."""
+        distributed.barrier()  # rank 0 has written best.pt
         best = read_checkpoint(self.ckpt_dir / "best.pt", map_location=self.device)
         self.model.load_state_dict(best["model"])
         ev, ds = self.cfg.eval, self.data[self.cfg.eval.split]
-        preds = decode_split(self.model, ds, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size,
-                             progress=self.tc.progress)
+        preds = self.decode(ds, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size)
+        if not self.is_main:
+            return distributed.broadcast_object(None)
         metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
                    "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
                    "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch, "train_seconds": round(self.train_seconds, 1)}
+        plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)  # embedded in report.html
         write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
                       self.model.encoder.view)
-        return metrics
+        return distributed.broadcast_object(metrics)
 
 
 def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Train, then evaluate the best checkpoint on the test split; returns the test metrics."""
-    set_seed(cfg.seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    validate_train_config(cfg)  # a typo or bad value fails here, naming the key, before any work
+    distributed.init_from_env()  # under torchrun: join the process group (a no-op in a plain process)
+    set_seed(cfg.seed + distributed.rank())  # ranks draw their own dropout masks; DDP copies rank 0's initial weights
+    if distributed.is_main():  # only rank 0 creates files
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # what this run used, resolved
+    else:
+        logging.getLogger().setLevel(logging.WARNING)  # rank 0 reports progress, the others only warnings
     trainer = Trainer(cfg, out_dir)
     if cfg.resume:
         path = trainer.ckpt_dir / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
-        if path.is_file():
+        if distributed.broadcast_object(path.is_file()):  # rank 0 decides: all ranks resume from the file, or none
             trainer.resume(path)
         elif cfg.resume != "auto":
             raise FileNotFoundError(f"resume checkpoint not found: {path}")
-    with SummaryWriter(log_dir=str(out_dir / "tensorboard")) as writer:
+    with SummaryWriter(str(out_dir / "tensorboard")) if distributed.is_main() else distributed.NullWriter() as writer:
         trainer.fit(writer)
     metrics = trainer.test()
     logger.info("test metrics: %s", json.dumps(metrics))
@@ -236,10 +348,40 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg: DictConfig) -> float:
-    """Console entry point; returns the best validation score so Hydra sweepers (Optuna) can optimise it."""
+def hydra_main(cfg: DictConfig) -> float:
+    """The Hydra app; returns the best validation score so Hydra sweepers (Optuna) can optimise it."""
     metrics = train(cfg, Path(HydraConfig.get().runtime.output_dir))
     return float(metrics[f"val_{cfg.trainer.monitor}"])
+
+
+def torchrun_overrides(args: list[str]) -> list[str]:
+    """Hydra overrides that make the N processes of a torchrun launch one run: all ranks use rank 0's run folder
+    (conf/train.yaml's hydra.run.dir stamped with rank 0's clock, unless hydra.run.dir is given), and ranks
+    other than 0 write no Hydra files (no .hydra/ folder, no log file). A collective: every rank calls it."""
+    if any(a in ("-m", "--multirun") for a in args):
+        raise SystemExit("captioning-train: under torchrun the N processes train one run; launch sweeps without "
+                         "torchrun (e.g. hydra/launcher=submitit_slurm gives each run its own GPUs)")
+    given = {a.split("=", 1)[0].lstrip("+~") for a in args if "=" in a}
+    extra = []
+    if "hydra.run.dir" not in given:
+        pattern = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "train.yaml"))["hydra"]["run"]["dir"]
+        now = datetime.now()
+        run_dir = re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), pattern)
+        extra.append(f"hydra.run.dir={distributed.broadcast_object(run_dir)}")
+    if not distributed.is_main():
+        extra += [o for o in ("hydra.output_subdir=null", "hydra/job_logging=stdout") if o.split("=")[0] not in given]
+    return extra
+
+
+def main() -> None:
+    """Console entry point `captioning-train [overrides]`, also under `torchrun --nproc_per_node=N -m
+    captioning.train [overrides]` (one process per GPU; global batch = N x dataset.batch_size)."""
+    if distributed.init_from_env() is not None:
+        sys.argv += torchrun_overrides(sys.argv[1:])
+    try:
+        hydra_main()
+    finally:
+        distributed.cleanup()
 
 
 if __name__ == "__main__":

@@ -89,3 +89,66 @@ def test_batches_skip_and_count_unreadable_images(tmp_path):
     assert len(batch.skipped) == 2 and "broken.png" in batch.skipped[0] and "gone.png" in batch.skipped[1]
     empty = collate([ds[1]])
     assert empty.indices == [] and len(empty.skipped) == 1
+
+
+def _coco_files(tmp_path, images, annotations, val=None):
+    train = tmp_path / "captions_train2014.json"
+    train.write_text(json.dumps({"images": images, "annotations": annotations}))
+    valf = tmp_path / "captions_val2014.json"
+    valf.write_text(json.dumps(val if val is not None else {
+        "images": [{"id": 900 + k, "file_name": f"v{k}.jpg"} for k in range(2)],
+        "annotations": [{"id": 9000 + k, "image_id": 900 + k, "caption": "A cat."} for k in range(2)]}))
+    return train, valf
+
+
+def test_malformed_coco_caption_files_name_the_file_and_entry(tmp_path):
+    from captioning.data.coco_captions import read_coco_captions
+
+    img = {"id": 1, "file_name": "a.jpg"}
+    ann = {"id": 10, "image_id": 1, "caption": "A dog runs."}
+    cases = [
+        ({"images": [img]}, "top-level 'images' and 'annotations' lists"),  # no annotations
+        ({"images": [{"id": 1}], "annotations": [ann]}, r"images\[0\] is malformed .*'file_name'"),
+        ({"images": [{"id": "1", "file_name": "a.jpg"}], "annotations": [ann]}, r"images\[0\] is malformed .*integer 'id'"),
+        ({"images": [img, img], "annotations": [ann]}, r"images\[1\] repeats image id 1"),
+        ({"images": [img], "annotations": [{"image_id": 1}]}, r"annotations\[0\] is malformed .*'caption'"),
+        ({"images": [img], "annotations": [ann, {"id": 11, "image_id": 7, "caption": "x"}]},
+         r"1 annotations refer to image ids not in its 'images' list \(e.g. \[7\]\)"),
+    ]
+    for data, message in cases:
+        (tmp_path / "captions_train2014.json").write_text(json.dumps(data))
+        train, val = _coco_files(tmp_path, data.get("images"), data.get("annotations"))
+        if "annotations" not in data:
+            train.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=message) as err:
+            read_coco_captions(train, val, ["train"], tmp_path)
+        assert "captions_train2014.json" in str(err.value)
+    train, val = _coco_files(tmp_path, [img], [ann])
+    (tmp_path / "broken.json").write_text('{"images": [], "annotations": [')
+    with pytest.raises(ValueError, match=r"broken.json is not valid JSON"):
+        read_coco_captions(tmp_path / "broken.json", val, ["train"], tmp_path)
+    with pytest.raises(FileNotFoundError, match="annotation file not found: .*missing.json"):
+        read_coco_captions(tmp_path / "missing.json", val, ["train"], tmp_path)
+
+
+def test_coco_empty_captions_are_skipped_and_counted(tmp_path, caplog):
+    from captioning.data.coco_captions import read_coco_captions
+
+    images = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}, {"id": 3, "file_name": "c.jpg"}]
+    anns = [{"id": 1, "image_id": 1, "caption": "A dog."}, {"id": 2, "image_id": 1, "caption": "  "},
+            {"id": 3, "image_id": 2, "caption": "..."}]  # image 2: only punctuation; image 3: no caption at all
+    train, val = _coco_files(tmp_path, images, anns)
+    records = read_coco_captions(train, val, ["train"], tmp_path, num_val=1, num_test=1)["train"]
+    assert [r.image_id for r in records] == [1] and records[0].captions == [["a", "dog"]]
+    assert "skipped 2 empty captions and 2 images without a caption" in caplog.text
+
+
+def test_dataset_format_and_coco_section_are_checked():
+    from omegaconf import OmegaConf
+
+    from captioning.data.build import load_records
+
+    with pytest.raises(ValueError, match="dataset.format must be one of .*'karpathy', 'coco'.* got 'csv'"):
+        load_records(OmegaConf.create({"format": "csv"}), ["train"])
+    with pytest.raises(ValueError, match="dataset.format=coco needs a dataset.coco section"):
+        load_records(OmegaConf.create({"format": "coco", "image_root": "."}), ["train"])

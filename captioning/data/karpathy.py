@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from captioning.data.vocab import Vocabulary, tokenize
+
+if TYPE_CHECKING:
+    from captioning.data.features import FeatureCache
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +42,8 @@ class ImageRecord:
     size: tuple[int, int] | None = None  # (height, width) if the annotation says
 
 
-def _load_json(path: Path) -> Any:
+def load_json(path: Path) -> Any:
+    """Parse a JSON annotation file; a missing or invalid file gives an error naming it."""
     if not path.is_file():
         raise FileNotFoundError(f"annotation file not found: {path}")
     try:
@@ -56,7 +60,7 @@ def read_karpathy(json_path: str | os.PathLike, split: str, image_root: str | os
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     json_path = Path(json_path)
     root = Path(image_root) if image_root is not None else json_path.parent
-    data = _load_json(json_path)
+    data = load_json(json_path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ValueError(f"{json_path}: expected a Karpathy split file with a top-level 'images' list")
     wanted = {split, "restval"} if split == "train" and train_includes_restval else {split}
@@ -124,14 +128,20 @@ def load_image(path: Path) -> Image.Image:
 
 
 class CaptionDataset(Dataset):
-    """Images of one split with their captions encoded as <start> w_1 .. w_n <end>."""
+    """Images of one split with their captions encoded as <start> w_1 .. w_n <end>.
+
+    With `features` (a feature cache of a frozen encoder) an item holds the image's cached annotation
+    grid a (L, D) instead of the transformed image; the captioner then skips its encoder.
+    """
 
     def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, transform: Callable, max_len: int = 20,
-                 captions_per_image: int | None = None):
+                 captions_per_image: int | None = None, features: FeatureCache | None = None):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")
         self.records, self.vocab, self.transform, self.max_len = list(records), vocab, transform, max_len
-        self.captions_per_image = captions_per_image
+        self.captions_per_image, self.features = captions_per_image, features
+        if features is not None:
+            features.require(self.records)
         self.encoded = [
             [torch.tensor([vocab.start_id, *vocab.encode(c[:max_len]), vocab.end_id]) for c in r.captions]
             for r in self.records
@@ -142,7 +152,11 @@ class CaptionDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         try:
-            image = self.transform(load_image(self.records[i].path))
+            record = self.records[i]
+            if self.features is not None:
+                image = self.features[record.image_id]  # (L, D) cached annotation grid
+            else:
+                image = self.transform(load_image(record.path))  # (3, H, W)
         except ImageError as err:  # counted and reported by the caller, never a crash mid-epoch
             return {"image": None, "error": str(err), "index": i}
         captions = self.encoded[i]
@@ -156,7 +170,7 @@ class CaptionDataset(Dataset):
 class Batch:
     """B images and their N captions."""
 
-    images: torch.Tensor  # (B, 3, H, W)
+    images: torch.Tensor  # (B, 3, H, W) images, or (B, L, D) cached annotation grids
     captions: torch.Tensor  # (N, T+2) <start> ... <end> <pad>...
     image_index: torch.Tensor  # (N,) image of each caption
     indices: list[int]  # dataset index of each image

@@ -1,0 +1,294 @@
+"""Feature cache: a frozen encoder's annotation grids of every image, computed once and stored on disk.
+
+A cache is a folder:
+  meta.json      what made the features: encoder config, weights (name and SHA-256), preprocessing,
+                 grid (h, w), D, dtype, cache format and code version
+  index.json     the image ids (and files) in row order
+  grids.npy      (N, L, D) float16, read memory-mapped; row k holds image index.json["image_ids"][k]
+  progress.json  rows written so far and the images that could not be read (rewritten after every batch)
+
+`extract_features` writes a cache and continues an interrupted one where it stopped; `FeatureCache.open`
+reads one and refuses a cache made by another encoder, or one that is not finished, with a clear message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from captioning import __version__
+from captioning.data.karpathy import ImageError, ImageRecord, load_image
+from captioning.models.encoder import Encoder
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT = "captioning-features/v1"
+# Weights are identified by their hash, not by how they were obtained (a checkpoint stores pretrained=false).
+_NOT_COMPARED = ("pretrained", "fine_tune")
+HOW_TO_EXTRACT = "python -m captioning.extract_features <the same overrides> dataset.features=PATH"
+
+
+def weights_digest(module: nn.Module) -> str:
+    """SHA-256 of a module's parameters and buffers (names, shapes, bytes)."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides the features an encoder computes; two caches are interchangeable iff these are equal."""
+    if isinstance(encoder_cfg, DictConfig):
+        encoder_cfg = OmegaConf.to_container(encoder_cfg, resolve=True)
+    cfg = {k: v for k, v in dict(encoder_cfg).items() if k not in _NOT_COMPARED}
+    return {"format": CACHE_FORMAT, "code_version": __version__, "encoder": cfg,
+            "weights_sha256": weights_digest(encoder), "transform": repr(encoder.transform()), "dim": encoder.out_dim}
+
+
+def check_frozen(encoder: Encoder) -> None:
+    """A cache holds fixed features: refuse an encoder that training would change."""
+    if any(p.requires_grad for p in encoder.parameters()):
+        raise ValueError(f"a feature cache needs a frozen encoder, but {type(encoder).__name__} has trainable "
+                         "parameters; use a pretrained VGG/ResNet with encoder.fine_tune=none, or set "
+                         "dataset.features=null to encode images on the fly")
+
+
+def _weights_name(encoder: Encoder) -> str:
+    """Human-readable origin of the weights, recorded in meta.json (not compared: the hash is)."""
+    arch = getattr(encoder, "arch", None)
+    if arch is None or not getattr(encoder, "pretrained", False):
+        return "random initialisation (seeded by the run's `seed`)"
+    import torchvision
+
+    return str(torchvision.models.get_model_weights(arch).DEFAULT)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically, so an interrupted run never leaves a half-written marker."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"feature cache file {path} is unreadable ({err}); delete the cache folder and extract "
+                         "again") from err
+
+
+def _differences(expected: Mapping[str, Any], found: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Keys whose values differ between two (nested) fingerprints, as 'key: cache X, model Y'."""
+    out = []
+    for k in sorted(set(expected) | set(found)):
+        a, b = found.get(k), expected.get(k)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _differences(b, a, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: cache {_short(a)}, now {_short(b)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    """A value for an error message; hashes and transform listings are cut."""
+    return f"{value[:12]}..." if isinstance(value, str) and len(value) > 40 else repr(value)
+
+
+class FeatureCache:
+    """Read access to a finished cache: `cache[image_id]` is the image's annotation grid a (L, D), float32."""
+
+    def __init__(self, root: Path, meta: dict[str, Any], image_ids: list[int], failed: dict[str, str]):
+        self.root, self.meta, self.failed = root, meta, failed
+        self.row = {int(i): k for k, i in enumerate(image_ids)}
+        self.grid: tuple[int, int] = tuple(meta["grid"]) if meta.get("grid") else (0, 0)
+        self._grids: np.ndarray | None = None  # opened lazily, so DataLoader workers each map the file
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, encoder: Encoder | None = None,
+             encoder_cfg: Mapping[str, Any] | None = None) -> FeatureCache:
+        """Open a cache; with an encoder, refuse it unless that encoder (same config and weights) made it."""
+        root = Path(root)
+        if not (root / "meta.json").is_file():
+            raise FileNotFoundError(f"no feature cache at {root} (meta.json missing); create it with {HOW_TO_EXTRACT}")
+        meta = _read_json(root / "meta.json")
+        if meta.get("format") != CACHE_FORMAT:
+            raise ValueError(f"{root} holds features in format {meta.get('format')!r}, not {CACHE_FORMAT!r}: "
+                             f"extract them again with {HOW_TO_EXTRACT}")
+        if encoder is not None:
+            check_frozen(encoder)
+            diff = _differences(fingerprint(encoder, encoder_cfg or {}), meta["fingerprint"])
+            if diff:
+                raise ValueError(f"the feature cache {root} was made by a different encoder or code version, so its "
+                                 f"features do not match this model ({'; '.join(diff)}). Extract a new cache with "
+                                 f"{HOW_TO_EXTRACT} (another PATH), or use the encoder settings it was made with")
+        image_ids = _read_json(root / "index.json")["image_ids"]
+        progress = _read_json(root / "progress.json") if (root / "progress.json").is_file() else {"rows_done": 0}
+        if progress["rows_done"] < len(image_ids) or not meta.get("grid"):
+            raise ValueError(f"the feature cache {root} is unfinished ({progress['rows_done']} of {len(image_ids)} "
+                             f"images): rerun {HOW_TO_EXTRACT} with the same PATH to finish it")
+        if meta["grid"][0] != meta["grid"][1]:
+            raise ValueError(f"{root}: cached grids must be square to be fed to the captioner, got {meta['grid']}")
+        return cls(root, meta, image_ids, progress.get("failed", {}))
+
+    @property
+    def grids(self) -> np.ndarray:
+        """All grids (N, L, D) float16, memory-mapped read-only."""
+        if self._grids is None:
+            self._grids = np.load(self.root / "grids.npy", mmap_mode="r")
+        return self._grids
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_grids": None}  # never pickle the mapped array
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def __contains__(self, image_id: int) -> bool:
+        return image_id in self.row
+
+    def __getitem__(self, image_id: int) -> torch.Tensor:
+        """The (L, D) float32 grid of an image; an ImageError if it could not be read at extraction."""
+        if str(image_id) in self.failed:
+            raise ImageError(f"image {image_id} has no cached features: {self.failed[str(image_id)]}")
+        return torch.from_numpy(np.asarray(self.grids[self.row[image_id]], dtype=np.float32))  # (L, D)
+
+    def require(self, records: Sequence[ImageRecord]) -> None:
+        """Refuse records whose images the cache does not hold (it was extracted for other splits or data)."""
+        missing = [r.image_id for r in records if r.image_id not in self.row]
+        if missing:
+            raise ValueError(f"{len(missing)} of {len(records)} images are not in the feature cache {self.root} "
+                             f"(e.g. image ids {missing[:5]}); extract the splits you use with {HOW_TO_EXTRACT}")
+
+
+class _ImageFiles(Dataset):
+    """Transformed images by row; an unreadable file gives its error message instead of a tensor."""
+
+    def __init__(self, records: Sequence[ImageRecord], transform: Any, start: int):
+        self.records, self.transform, self.start = records, transform, start
+
+    def __len__(self) -> int:
+        return len(self.records) - self.start
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str]:
+        row = self.start + i
+        try:
+            return row, self.transform(load_image(self.records[row].path)), ""
+        except ImageError as err:
+            return row, None, str(err)
+
+
+def _unique_images(records: Sequence[ImageRecord]) -> list[ImageRecord]:
+    """One record per image id, in id order; the same id with two files is refused."""
+    by_id: dict[int, ImageRecord] = {}
+    for r in records:
+        if r.image_id in by_id and by_id[r.image_id].path != r.path:
+            raise ValueError(f"image id {r.image_id} names two files ({by_id[r.image_id].path}, {r.path}); "
+                             "image ids must be unique across splits to cache features")
+        by_id.setdefault(r.image_id, r)
+    return [by_id[i] for i in sorted(by_id)]
+
+
+def _start(out: Path, fp: dict[str, Any], image_ids: list[int], overwrite: bool) -> int:
+    """Prepare the folder; returns the first row still to compute (0 for a new cache)."""
+    names = ("meta.json", "index.json", "progress.json", "grids.npy")
+    if (out / "meta.json").is_file() and not overwrite:
+        meta = _read_json(out / "meta.json")
+        diff = _differences(fp, meta.get("fingerprint", {}))
+        same_images = (out / "index.json").is_file() and _read_json(out / "index.json")["image_ids"] == image_ids
+        if diff or not same_images:
+            why = "; ".join(diff) if diff else "another list of images"
+            raise ValueError(f"{out} already holds a feature cache made differently ({why}); choose another "
+                             "folder or pass overwrite=true to replace it")
+        done = _read_json(out / "progress.json")["rows_done"] if (out / "progress.json").is_file() else 0
+        if meta.get("grid") and not (out / "grids.npy").is_file():
+            done = 0  # grids were written once but the file is gone: start again rather than leave zeros
+        if done == 0:
+            for name in names[1:]:
+                (out / name).unlink(missing_ok=True)
+        logger.info("resuming the feature cache %s at image %d of %d", out, done, len(image_ids))
+        return done
+    if out.is_dir() and any(out.iterdir()) and not overwrite and not (out / "meta.json").is_file():
+        raise ValueError(f"{out} exists and is not a feature cache; choose an empty or new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (out / name).unlink(missing_ok=True)
+    return 0
+
+
+def _collate_rows(items: list[tuple[int, torch.Tensor | None, str]]) -> list[tuple[int, torch.Tensor | None, str]]:
+    """Keep a batch as a list: unreadable images (None) are sorted out by the caller."""
+    return items
+
+
+@torch.no_grad()
+def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_cfg: Mapping[str, Any],
+                     out_dir: str | os.PathLike, batch_size: int = 32, num_workers: int = 0,
+                     overwrite: bool = False, progress: bool = True) -> FeatureCache:
+    """Encode every image of `records` once with a frozen encoder into a cache at out_dir; resumes an unfinished one.
+
+    The encoder runs in eval mode on the device of its parameters; grids are stored as float16. Unreadable
+    images are recorded (reading their features later gives an ImageError, counted like an unreadable image).
+    """
+    check_frozen(encoder)
+    encoder.eval()
+    out, images = Path(out_dir), _unique_images(records)
+    if not images:
+        raise ValueError("no images to extract features for")
+    image_ids = [r.image_id for r in images]
+    fp = fingerprint(encoder, encoder_cfg)
+    start = _start(out, fp, image_ids, overwrite)
+    meta = _read_json(out / "meta.json") if start else {
+        "format": CACHE_FORMAT, "fingerprint": fp, "weights": _weights_name(encoder), "dtype": "float16",
+        "grid": None, "num_images": len(images), "code_version": __version__}
+    if not start:
+        _write_json(out / "index.json", {"image_ids": image_ids, "paths": [str(r.path) for r in images]})
+        _write_json(out / "meta.json", meta)
+    state = _read_json(out / "progress.json") if start else {"rows_done": 0, "failed": {}}
+    grids = np.load(out / "grids.npy", mmap_mode="r+") if (out / "grids.npy").is_file() else None
+    device = next(encoder.parameters()).device
+    loader = DataLoader(_ImageFiles(images, encoder.transform(), start), batch_size=batch_size,
+                        num_workers=num_workers, collate_fn=_collate_rows)
+    for batch in tqdm(loader, desc=f"features -> {out}", disable=not progress, initial=-(-start // batch_size),
+                      total=(len(images) + batch_size - 1) // batch_size):
+        ok = [(row, x) for row, x, _ in batch if x is not None]
+        if ok:
+            fmap = encoder(torch.stack([x for _, x in ok]).to(device))  # (B, D, h, w)
+            a = fmap.flatten(2).transpose(1, 2).cpu().numpy().astype(np.float16)  # (B, L, D)
+            if not np.isfinite(a).all():
+                raise ValueError("encoder outputs overflow float16; this encoder cannot be cached as float16")
+            if grids is None:
+                meta["grid"] = list(fmap.shape[-2:])
+                _write_json(out / "meta.json", meta)
+                grids = np.lib.format.open_memmap(out / "grids.npy", mode="w+", dtype=np.float16,
+                                                  shape=(len(images), *a.shape[1:]))
+            grids[[row for row, _ in ok]] = a
+            grids.flush()  # rows on disk before the progress marker says so
+        state["failed"].update({str(image_ids[row]): err for row, x, err in batch if x is None})
+        state["rows_done"] = batch[-1][0] + 1
+        _write_json(out / "progress.json", state)
+    if grids is None:
+        raise ValueError(f"none of the {len(images)} images could be read (e.g. {next(iter(state['failed'].values()))})")
+    if state["failed"]:
+        logger.warning("%d images could not be read and have no features (they are skipped and counted): %s",
+                       len(state["failed"]), "; ".join(list(state["failed"].values())[:5]))
+    logger.info("feature cache %s: %d images, grid %s x %d, float16", out, len(images), meta["grid"], encoder.out_dim)
+    return FeatureCache.open(out, encoder, encoder_cfg)
+
+
+def open_features(path: str | os.PathLike | None, encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> FeatureCache | None:
+    """The cache `dataset.features` names, checked against the model's encoder; None when it is not set."""
+    return FeatureCache.open(path, encoder, encoder_cfg) if path else None

@@ -1,0 +1,49 @@
+"""Encode every image once with a frozen encoder and cache the annotation grids on disk.
+
+    python -m captioning.extract_features experiment=coco_soft dataset.features=/data/coco/features_vgg19
+    captioning-train experiment=coco_soft dataset.features=/data/coco/features_vgg19
+
+An interrupted run continues where it stopped when started again with the same arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from captioning.data.build import load_records
+from captioning.data.features import FeatureCache, check_frozen, extract_features
+from captioning.evaluate import resolve_device
+from captioning.models.captioner import build_encoder
+from captioning.train import CONF_DIR, set_seed
+
+logger = logging.getLogger(__name__)
+
+
+def extract(cfg: DictConfig) -> FeatureCache:
+    """Build the encoder as training would (same seed), read the splits' images and write the cache."""
+    if not cfg.dataset.get("features"):
+        raise ValueError("set dataset.features=PATH: the folder the feature cache is written to")
+    set_seed(cfg.seed)  # a randomly initialised encoder then gets the same weights as in captioning-train
+    encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before any data is read
+    check_frozen(encoder)
+    encoder.to(resolve_device(cfg.device))
+    records = load_records(cfg.dataset, list(cfg.splits))
+    return extract_features([r for rs in records.values() for r in rs], encoder,
+                            OmegaConf.to_container(cfg.encoder, resolve=True), Path(cfg.dataset.features),
+                            batch_size=int(cfg.batch_size), num_workers=int(cfg.dataset.num_workers),
+                            overwrite=bool(cfg.overwrite), progress=bool(cfg.trainer.progress))
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="extract_features")
+def main(cfg: DictConfig) -> None:
+    """Console entry point."""
+    cache = extract(cfg)
+    logger.info("wrote %d images' features to %s", len(cache), cache.root)
+
+
+if __name__ == "__main__":
+    main()
