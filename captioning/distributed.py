@@ -4,6 +4,7 @@
 
 starts N processes and gives each RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `init_from_env`
 joins the process group they describe. dataset.batch_size is per process: the global batch is N times it.
+`torchrun_overrides` makes the N Hydra apps of a launch one run (one run folder, written by rank 0).
 Every helper also works in a plain single process (no torchrun): the world then has one rank, collectives
 return their input unchanged and nothing is initialised, so single-process code paths stay as they were.
 
@@ -15,13 +16,17 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from captioning.losses import MovingAverageBaseline
 
@@ -102,6 +107,25 @@ def local_device(device: torch.device) -> torch.device:
                          "CUDA_VISIBLE_DEVICES")
     torch.cuda.set_device(env.local_rank)
     return torch.device("cuda", env.local_rank)
+
+
+def torchrun_overrides(args: list[str], train_yaml: Path) -> list[str]:
+    """Hydra overrides that make the N processes of a torchrun launch one run: all ranks use rank 0's run folder
+    (`train_yaml`'s hydra.run.dir stamped with rank 0's clock, unless hydra.run.dir is given), and ranks
+    other than 0 write no Hydra files (no .hydra/ folder, no log file). A collective: every rank calls it."""
+    if any(a in ("-m", "--multirun") for a in args):
+        raise SystemExit("captioning-train: under torchrun the N processes train one run; launch sweeps without "
+                         "torchrun (e.g. hydra/launcher=submitit_slurm gives each run its own GPUs)")
+    given = {a.split("=", 1)[0].lstrip("+~") for a in args if "=" in a}
+    extra = []
+    if "hydra.run.dir" not in given:
+        pattern = OmegaConf.to_container(OmegaConf.load(train_yaml))["hydra"]["run"]["dir"]
+        now = datetime.now()
+        run_dir = re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), pattern)
+        extra.append(f"hydra.run.dir={broadcast_object(run_dir)}")
+    if not is_main():
+        extra += [o for o in ("hydra.output_subdir=null", "hydra/job_logging=stdout") if o.split("=")[0] not in given]
+    return extra
 
 
 def barrier() -> None:

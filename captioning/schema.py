@@ -2,7 +2,8 @@
 
 Hydra composes `conf/` as usual, so `conf/experiment/` presets still say only what differs; the merged
 config is then checked against the dataclasses below (types, allowed values, ranges, paths that must exist,
-unknown keys with a did-you-mean). All problems are reported at once, each naming its full key:
+unknown keys with a did-you-mean) by the engine in captioning/config_check.py. All problems are reported at
+once, each naming its full key:
 
     ConfigError: invalid configuration (2 problems):
       optim.lr=-0.1: must be > 0
@@ -16,86 +17,22 @@ as they are; any other unknown key is an error.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import operator
-import re
-import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
+
+# ConfigError is what validate_*_config raise, importable from here next to them.
+from captioning.config_check import ConfigError, Problem, checked, choose_one, validate  # noqa: F401
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # Metrics validation computes (must match captioning.train.MONITORS) and metrics scoring knows (VALID_METRICS).
 MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
 METRICS = ("bleu", "meteor", "rouge", "cider", "spice")
-Problem = tuple[str, str]  # (full key, what is wrong)
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message lists every problem with its full key."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        lines = [f"{key}{msg}" if msg.startswith("=") else f"{key}: {msg}" for key, msg in problems]
-        super().__init__(f"invalid configuration ({len(problems)} problem{'s' * (len(problems) > 1)}):\n  "
-                         + "\n  ".join(lines))
-
-
-_BOUNDS = (("gt", operator.gt, ">"), ("ge", operator.ge, ">="), ("lt", operator.lt, "<"), ("le", operator.le, "<="))
-
-
-@dataclass(frozen=True)
-class Check:
-    """A constraint on one value: bounds, a regular expression, or case-insensitive choices."""
-
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    pattern: str | None = None
-    expect: str = ""  # the pattern in words, for the message
-    choices: tuple[str, ...] = ()
-
-    def __call__(self, v: Any) -> str | None:
-        """What is wrong with `v`, or None."""
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            for name, holds, symbol in _BOUNDS:
-                bound = getattr(self, name)
-                if bound is not None and not holds(v, bound):  # NaN fails every bound
-                    return f"must be {symbol} {bound:g}"
-        if isinstance(v, str) and self.pattern and not re.fullmatch(self.pattern, v):
-            return f"must be {self.expect or self.pattern}"
-        if isinstance(v, str) and self.choices and v.lower() not in self.choices:
-            return _choose_one(v, self.choices)
-        return None
-
-
-def checked(default: Any = dataclasses.MISSING, **check: Any) -> Any:
-    """A dataclass field with a value constraint (`Check` keyword arguments); no default means required.
-
-    List defaults are wrapped in a factory (dataclasses refuse mutable defaults).
-    """
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"check": Check(**check)})
-    return field(default=default, metadata={"check": Check(**check)})
-
-
-def _choose_one(value: str, choices: tuple[str, ...] | list[str]) -> str:
-    """'choose one of a, b, c (did you mean 'b'?)', matching case-insensitively."""
-    return f"choose one of {', '.join(choices)}{_did_you_mean(value, choices)}"
-
-
-def _did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
-    lowered = {c.lower(): c for c in choices}
-    close = difflib.get_close_matches(value.lower(), list(lowered), n=1, cutoff=0.6)
-    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
 # -- model groups ------------------------------------------------------------------------------------
@@ -258,6 +195,7 @@ class SchedulerConfig(Targeted):
     """conf/scheduler/: a learning-rate schedule (an empty group means a constant rate)."""
 
     _partial_: Literal[True] = True
+    empty_is_none: typing.ClassVar[bool] = True  # `scheduler: {}` or null: no schedule
 
 
 @dataclass(kw_only=True)
@@ -288,6 +226,25 @@ class CosineConfig(SchedulerConfig):
 
 
 # -- data, training, evaluation ----------------------------------------------------------------------
+class ShippedKeys:
+    """Accepts, without a type, the keys of the shipped YAML files that `extra_keys_from` = (glob under conf/,
+    section or None) names: a key another part of the code base adds to conf/ keeps validating before its schema
+    field is written (the same key in a user's override is still a typo)."""
+
+    extra_keys_from: typing.ClassVar[tuple[str, str | None]]
+
+    @classmethod
+    def extra_keys(cls) -> set[str]:
+        """The keys of the YAML files matching CONF_DIR / pattern (under section), except `defaults`."""
+        pattern, section = cls.extra_keys_from
+        keys: set[str] = set()
+        for file in sorted(CONF_DIR.glob(pattern)):
+            data = yaml.safe_load(file.read_text()) or {}
+            data = data.get(section) if section and isinstance(data, dict) else data
+            keys |= {k for k in data if k != "defaults"} if isinstance(data, dict) else set()
+        return keys
+
+
 @dataclass(kw_only=True)
 class ShapesConfig(Targeted):
     """dataset.generate for `shapes`: the arguments of captioning.data.shapes.build_shapes."""
@@ -317,7 +274,7 @@ class CocoCaptionsConfig:
 
 
 @dataclass(kw_only=True)
-class DatasetConfig:
+class DatasetConfig(ShippedKeys):
     """conf/dataset/: annotation file, images, vocabulary and batching. Keys that appear in any
     conf/dataset/*.yaml but not here (format-specific extras) are accepted as they are."""
 
@@ -361,7 +318,7 @@ class DatasetConfig:
 
 
 @dataclass(kw_only=True)
-class EvalConfig:
+class EvalConfig(ShippedKeys):
     """conf/eval/: test-time decoding and scoring."""
 
     split: Literal["train", "val", "test"] = "test"
@@ -392,7 +349,7 @@ class ReinforceConfig:
 
 
 @dataclass(kw_only=True)
-class TrainerConfig:
+class TrainerConfig(ShippedKeys):
     """trainer: the training loop, early stopping and logging."""
 
     max_epochs: int = checked(ge=1)
@@ -412,7 +369,7 @@ class TrainerConfig:
     def rules(v: Mapping[str, Any]) -> Iterator[Problem]:
         monitor = v.get("monitor")
         if isinstance(monitor, str) and monitor not in MONITORS:
-            yield "monitor", f"={monitor!r} is not computed during validation; {_choose_one(monitor, MONITORS)}"
+            yield "monitor", f"={monitor!r} is not computed during validation; {choose_one(monitor, MONITORS)}"
 
 
 DEVICE = {"pattern": r"auto|cpu|mps|cuda(:\d+)?", "expect": "auto, cpu, mps, cuda or cuda:N"}
@@ -458,7 +415,6 @@ class EvaluateConfig:
             yield "checkpoint", f"={v['checkpoint']!r}: checkpoint not found; give checkpoint=PATH to a .pt file"
 
 
-# -- the checker -------------------------------------------------------------------------------------
 def validate_train_config(cfg: DictConfig | Mapping[str, Any]) -> None:
     """Check a composed `captioning-train` config; raises ConfigError naming every bad key."""
     validate(cfg, TrainConfig)
@@ -467,138 +423,3 @@ def validate_train_config(cfg: DictConfig | Mapping[str, Any]) -> None:
 def validate_evaluate_config(cfg: DictConfig | Mapping[str, Any]) -> None:
     """Check a composed `captioning-evaluate` config; raises ConfigError naming every bad key."""
     validate(cfg, EvaluateConfig)
-
-
-def validate(cfg: DictConfig | Mapping[str, Any], schema: type) -> None:
-    """Resolve interpolations, then check every key against the schema dataclass."""
-    cfg = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
-    if "hydra" in cfg:  # present only when composed with return_hydra_config; not the app's config
-        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    try:
-        values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    except OmegaConfBaseException as err:
-        raise ConfigError([(str(getattr(err, "full_key", "") or "config"), f"cannot resolve: {err}")]) from err
-    problems = list(_check(values, schema, ""))
-    if problems:
-        raise ConfigError(problems)
-
-
-def _join(key: str, name: str) -> str:
-    return f"{key}.{name}" if key else name
-
-
-def _registry(base: type) -> dict[str, type]:
-    """Concrete schemas below `base`, by the `_target_` they accept."""
-    out, todo = {}, list(base.__subclasses__())
-    while todo:  # breadth first: the order of the messages' choices follows the definitions above
-        cls = todo.pop(0)
-        todo += cls.__subclasses__()
-        default = next(f.default for f in dataclasses.fields(cls) if f.name == "_target_")
-        if isinstance(default, str):
-            out[default] = cls
-    return out
-
-
-def _choose(v: dict, base: type, key: str) -> type | Problem:
-    """The schema for a group that picks its class by `_target_`, or what is wrong."""
-    registry = _registry(base)
-    if not registry:  # a fixed class (e.g. the decoder): `_target_` is checked like any Literal field
-        return base
-    target = v.get("_target_")
-    short = {t.rsplit(".", 1)[-1]: t for t in registry}
-    if target in registry:
-        return registry[target]
-    if target is None:
-        return key, f"no _target_; choose one of {', '.join(short)}"
-    return key, (f"unknown type {target!r}; {_choose_one(str(target).rsplit('.', 1)[-1], list(short))} "
-                 "(a new class needs its dataclass in captioning/schema.py)")
-
-
-def _extra_keys(pattern: str, section: str | None) -> set[str]:
-    """Keys of the shipped YAML files matching conf/`pattern` (under `section`), accepted without a type: a key
-    another part of the code base adds to conf/ keeps validating before its schema field is written."""
-    keys: set[str] = set()
-    for file in sorted(CONF_DIR.glob(pattern)):
-        data = yaml.safe_load(file.read_text()) or {}
-        data = data.get(section) if section and isinstance(data, dict) else data
-        keys |= {k for k in data if k != "defaults"} if isinstance(data, dict) else set()
-    return keys
-
-
-def _check(v: Any, schema: type, key: str) -> Iterator[Problem]:
-    """Problems of one group (a dict) against its schema dataclass."""
-    chosen = _choose(v, schema, key)
-    if isinstance(chosen, tuple):
-        yield chosen
-        return
-    hints = typing.get_type_hints(chosen)
-    fields = {f.name: f for f in dataclasses.fields(chosen)}
-    problems: list[Problem] = []
-    for name, f in fields.items():
-        if name not in v:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                problems.append((_join(key, name), "missing; this key is required"))
-            continue
-        if name == "_target_" and chosen is not schema:
-            continue  # already matched by _choose
-        if name == "_target_":
-            if v[name] != f.default:
-                problems.append((_join(key, name), f"={v[name]!r}: must be {f.default!r}"))
-            continue
-        problems += _check_value(v[name], hints[name], _join(key, name), f.metadata.get("check"))
-    extra = _extra_keys(*chosen.extra_keys_from) if hasattr(chosen, "extra_keys_from") else set()
-    for name in v:
-        if name not in fields and name not in extra:
-            allowed = sorted(set(fields) | extra)
-            hint = _did_you_mean(name, allowed) or f" (allowed: {', '.join(allowed)})"
-            problems.append((_join(key, name), f"unknown key{hint}"))
-    if hasattr(chosen, "rules"):  # cross-key rules (paths); they skip values of the wrong type
-        problems += [(_join(key, k), msg) for k, msg in chosen.rules(v)]
-    yield from problems
-
-
-_SCALARS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-
-
-def _check_value(v: Any, tp: Any, key: str, check: Check | None) -> Iterator[Problem]:
-    """Problems of one value against its annotated type and constraint."""
-    if v == "???":
-        yield key, f"missing value (???); set it on the command line: {key}=..."
-        return
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if v is None and type(None) in args:
-            return
-        (tp,) = [a for a in args if a is not type(None)]  # the schema uses unions only as `X | None`
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return
-    if dataclasses.is_dataclass(tp):
-        if v in (None, {}) and tp is SchedulerConfig:
-            return
-        if not isinstance(v, dict):
-            yield key, f"={v!r}: must be a group of keys ({tp.__name__})"
-            return
-        yield from _check(v, tp, key)
-    elif origin is Literal:
-        if v not in args or isinstance(v, bool) != isinstance(args[0], bool):
-            choices = [str(a) for a in args]
-            yield key, f"={v!r}: " + (f"must be {args[0]!r}" if len(args) == 1 else _choose_one(str(v), choices))
-    elif origin is list:
-        if not isinstance(v, list):
-            yield key, f"={v!r}: must be a list"
-            return
-        for i, item in enumerate(v):
-            yield from _check_value(item, args[0], f"{key}[{i}]", check)
-    elif not _is_instance(v, tp):
-        yield key, f"={v!r}: must be {_SCALARS.get(tp, tp)}"
-    elif check is not None and (msg := check(v)):
-        yield key, f"={v!r}: {msg}"
-
-
-def _is_instance(v: Any, tp: type) -> bool:
-    if tp is float:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-    if tp is int:
-        return isinstance(v, int) and not isinstance(v, bool)
-    return isinstance(v, tp)

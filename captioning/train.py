@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import random
-import re
 import sys
 import time
-from contextlib import nullcontext
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from captioning import distributed
+from captioning import distributed, precision
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.build import build_vocab, load_records
 from captioning.data.features import open_features
@@ -64,28 +61,6 @@ def attention_name(cfg: DictConfig) -> str:
 # Validation decodes and scores BLEU and CIDEr (fast); these are the metrics early stopping can monitor.
 MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
 
-# trainer.precision -> the autocast dtype of the forward pass (None: plain float32, no autocast).
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `trainer.precision` on `device`; a clear error where it cannot run."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"trainer.precision={precision!r} is not known; choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and device.type != "cuda":
-        raise ValueError(f"trainer.precision=fp16 needs a CUDA device (float16 autocast with loss scaling), "
-                         f"but training runs on {device}; use trainer.precision=bf16 or fp32 there")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"trainer.precision=bf16: this GPU ({torch.cuda.get_device_name(device)}) has no bfloat16 "
-                         "support; use trainer.precision=fp16")
-    return PRECISIONS[precision]
-
-
-def _float32(x: torch.Tensor | None) -> torch.Tensor | None:
-    """Model outputs in float32 for the loss (a no-op in fp32), so log-softmax and sums never run in 16 bits."""
-    return None if x is None else x.float()
-
-
 class Trainer:
     """Holds the training state so that it can be checkpointed and resumed as one piece."""
 
@@ -96,7 +71,7 @@ class Trainer:
                              f"choose one of {', '.join(MONITORS)}")
         self.device = distributed.local_device(resolve_device(cfg.device))  # under torchrun: cuda:LOCAL_RANK
         self.is_main = distributed.is_main()  # rank 0 (or the only process) writes every file
-        self.amp_dtype = autocast_dtype(self.tc.get("precision", "fp32"), self.device)
+        self.amp_dtype = precision.autocast_dtype(self.tc.get("precision", "fp32"), self.device)
         with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
             encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before data is read
             records = load_records(cfg.dataset, ["train", "val", cfg.eval.split])
@@ -120,8 +95,7 @@ class Trainer:
         synced = distributed.initialized()
         self.baseline = distributed.GlobalMeanBaseline(decay) if synced else MovingAverageBaseline(decay)
         self.ckpt_dir = out_dir / "checkpoints"
-        # fp16 needs loss scaling (its range is small); bf16 has float32's range and needs none.
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype == torch.float16 else None
+        self.scaler = precision.grad_scaler(self.amp_dtype, self.device)  # fp16 only; bf16 needs no loss scaling
         # The loss runs through `forward_model`: under torchrun the DDP wrapper, which averages gradients over the
         # ranks during backward. Decoding and checkpoints use `self.model`, the plain module it wraps.
         self.forward_model: torch.nn.Module = self.model
@@ -174,28 +148,16 @@ class Trainer:
         captions, image_index = batch.captions, batch.image_index
         if rc.num_samples > 1:  # N sampled attention paths per caption
             captions, image_index = captions.repeat(rc.num_samples, 1), image_index.repeat(rc.num_samples)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext():
+        with precision.autocast(self.device, self.amp_dtype):
             out = self.forward_model(batch.images, captions, image_index)
-        return hard_attention_loss(_float32(out.logits), captions[:, 1:], _float32(out.alphas),
-                                   _float32(out.log_probs), _float32(out.entropies),
-                                   Vocabulary.pad_id, self.baseline, self.tc.attention_weight,
+        f32 = precision.to_float32  # the loss runs in float32 whatever dtype the forward pass ran in
+        return hard_attention_loss(f32(out.logits), captions[:, 1:], f32(out.alphas), f32(out.log_probs),
+                                   f32(out.entropies), Vocabulary.pad_id, self.baseline, self.tc.attention_weight,
                                    rc.reward_weight, rc.entropy_weight)
 
     def optimizer_step(self, loss: torch.Tensor) -> None:
         """Backward (DDP averages gradients over the ranks here), clipping and one step; fp16 scales the loss."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is None:
-            loss.backward()
-        else:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients
-        if self.tc.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
-            self.scaler.update()
+        precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(), self.tc.grad_clip)
 
     def train_loader(self) -> DataLoader:
         """This epoch's shuffled training batches; under torchrun each rank reads its own 1/N of the epoch
@@ -316,7 +278,8 @@ class Trainer:
             return distributed.broadcast_object(None)
         metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
                    "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
-                   "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch, "train_seconds": round(self.train_seconds, 1)}
+                   "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch,
+                   "train_seconds": round(self.train_seconds, 1)}
         plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)  # embedded in report.html
         write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
                       self.model.encoder.view)
@@ -354,30 +317,11 @@ def hydra_main(cfg: DictConfig) -> float:
     return float(metrics[f"val_{cfg.trainer.monitor}"])
 
 
-def torchrun_overrides(args: list[str]) -> list[str]:
-    """Hydra overrides that make the N processes of a torchrun launch one run: all ranks use rank 0's run folder
-    (conf/train.yaml's hydra.run.dir stamped with rank 0's clock, unless hydra.run.dir is given), and ranks
-    other than 0 write no Hydra files (no .hydra/ folder, no log file). A collective: every rank calls it."""
-    if any(a in ("-m", "--multirun") for a in args):
-        raise SystemExit("captioning-train: under torchrun the N processes train one run; launch sweeps without "
-                         "torchrun (e.g. hydra/launcher=submitit_slurm gives each run its own GPUs)")
-    given = {a.split("=", 1)[0].lstrip("+~") for a in args if "=" in a}
-    extra = []
-    if "hydra.run.dir" not in given:
-        pattern = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "train.yaml"))["hydra"]["run"]["dir"]
-        now = datetime.now()
-        run_dir = re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), pattern)
-        extra.append(f"hydra.run.dir={distributed.broadcast_object(run_dir)}")
-    if not distributed.is_main():
-        extra += [o for o in ("hydra.output_subdir=null", "hydra/job_logging=stdout") if o.split("=")[0] not in given]
-    return extra
-
-
 def main() -> None:
     """Console entry point `captioning-train [overrides]`, also under `torchrun --nproc_per_node=N -m
     captioning.train [overrides]` (one process per GPU; global batch = N x dataset.batch_size)."""
     if distributed.init_from_env() is not None:
-        sys.argv += torchrun_overrides(sys.argv[1:])
+        sys.argv += distributed.torchrun_overrides(sys.argv[1:], Path(CONF_DIR) / "train.yaml")
     try:
         hydra_main()
     finally:

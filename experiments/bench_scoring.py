@@ -14,7 +14,7 @@ is identical (overall and per image, compared with ``==``).  Two comparisons:
 
 Times are CPU seconds (this process plus the child processes it waited for: the tokenizer JVMs),
 which stay meaningful on a shared machine, and wall seconds.  The captions come from the
-deterministic generator of ``tests/test_metrics_parity.py``.
+deterministic generator the parity tests use, :func:`captioning.metrics.synthetic_text.realistic_corpus`.
 
     taskset -c 1 python experiments/bench_scoring.py            # 5,000 images, best of 3
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import resource
@@ -36,17 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_corpus(num_images: int, refs: int, seed: int) -> tuple[dict[int, str], dict[int, list[str]]]:
-    """The parity tests' caption generator, loaded from its file (tests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("test_metrics_parity", ROOT / "tests" / "test_metrics_parity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.realistic_corpus(num_images, seed=seed, refs_per_image=refs)
 
 
 @dataclass
@@ -166,8 +154,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from captioning.metrics import java_ptb_tokenize, ptb_tokenize
+    from captioning.metrics.synthetic_text import realistic_corpus
 
-    candidates, references = load_corpus(args.images, args.refs, args.seed)
+    candidates, references = realistic_corpus(args.images, seed=args.seed, refs_per_image=args.refs)
     java = shutil.which("java") is not None
     tokenize = java_ptb_tokenize if java else ptb_tokenize
     gts = tokenize(references)

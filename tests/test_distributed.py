@@ -180,10 +180,10 @@ def test_torchrun_environment_is_checked(monkeypatch):
 
 
 def test_torchrun_overrides_share_rank_zeros_run_folder_and_refuse_sweeps():
-    from captioning.train import torchrun_overrides
-
-    (run_dir,) = torchrun_overrides(["trainer.max_epochs=1"])  # rank 0 of a launch (here: the only process)
+    train_yaml = Path(CONF) / "train.yaml"
+    # rank 0 of a launch (here: the only process)
+    (run_dir,) = distributed.torchrun_overrides(["trainer.max_epochs=1"], train_yaml)
     assert re.fullmatch(r"hydra\.run\.dir=outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", run_dir)
-    assert torchrun_overrides(["hydra.run.dir=outputs/ddp"]) == []  # a given folder is used as it is
+    assert distributed.torchrun_overrides(["hydra.run.dir=outputs/ddp"], train_yaml) == []  # a given folder is kept
     with pytest.raises(SystemExit, match="under torchrun the N processes train one run"):
-        torchrun_overrides(["-m", "optim.lr=0.1,0.01"])
+        distributed.torchrun_overrides(["-m", "optim.lr=0.1,0.01"], train_yaml)

@@ -11,7 +11,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from captioning.data.karpathy import collate
-from captioning.train import Trainer, autocast_dtype, train
+from captioning.precision import autocast_dtype
+from captioning.train import Trainer, train
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

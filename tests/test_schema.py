@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from captioning import evaluate, train
 from captioning.metrics import VALID_METRICS
-from captioning.schema import (AttentionConfig, ConfigError, EncoderConfig, OptimConfig, SchedulerConfig, _registry,
+from captioning.config_check import registry
+from captioning.schema import (AttentionConfig, ConfigError, EncoderConfig, OptimConfig, SchedulerConfig,
                                validate_evaluate_config, validate_train_config)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -63,7 +64,7 @@ def test_schema_covers_every_target_in_conf():
     for group, base in registries.items():
         targets = {(yaml.safe_load((CONF / group / f"{e}.yaml").read_text()) or {}).get("_target_")
                    for e in _entries(group)} - {None}
-        assert targets and targets <= set(_registry(base)), group
+        assert targets and targets <= set(registry(base)), group
 
 
 def test_schema_lists_match_the_code():
