@@ -150,6 +150,22 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
     write_prediction_report(out_dir, preds, dataset, metrics, mark_regions, view)  # report.html, attention.npz
 
 
+def load_instances(path: str | None, dataset: CaptionDataset) -> CocoInstances | None:
+    """COCO instance masks for attention correctness (`eval.instances`), read and matched to the split's images
+    before the long decode, so a wrong file fails at once; None when no file is given."""
+    if not path:
+        return None
+    instances = CocoInstances(path)
+    instances.check_image_ids([r.image_id for r in dataset.records])
+    return instances
+
+
+def instance_correctness(preds: list[Prediction], instances: CocoInstances, model: Captioner) -> dict[str, Any]:
+    """Attention correctness on the instance masks of the categories the generated words name."""
+    return coco_attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
+                                      [p.image_id for p in preds], instances, view_geometry(model.encoder.transform()))
+
+
 def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Load a checkpoint, decode a split of its data set and write the scores; returns the metrics."""
     validate_evaluate_config(cfg)  # a typo, bad value or missing checkpoint fails here, naming the key
@@ -161,17 +177,12 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
                              features=features)
     ds = data[cfg.eval.split]
-    # COCO instance masks for attention correctness: read and matched to the split before the long decode
-    instances = CocoInstances(cfg.eval.instances) if cfg.eval.get("instances") else None
-    if instances is not None:
-        instances.check_image_ids([r.image_id for r in ds.records])
+    instances = load_instances(cfg.eval.get("instances"), ds)
     preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)
     metrics = {"split": cfg.eval.split, "beam_size": cfg.eval.beam_size,
                **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
     if instances is not None:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
-        metrics.update(coco_attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
-                                                  [p.image_id for p in preds], instances,
-                                                  view_geometry(model.encoder.transform())))
+        metrics.update(instance_correctness(preds, instances, model))
     write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model), model.encoder.view)
     return metrics
 

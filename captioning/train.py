@@ -27,8 +27,8 @@ from captioning.data.build import build_vocab, load_records
 from captioning.data.features import open_features
 from captioning.data.karpathy import Batch, CaptionDataset, collate
 from captioning.data.vocab import Vocabulary
-from captioning.evaluate import (Prediction, decode_split, resolve_device, score_predictions, selects_regions,
-                                 write_outputs)
+from captioning.evaluate import (Prediction, decode_split, instance_correctness, load_instances, resolve_device,
+                                 score_predictions, selects_regions, write_outputs)
 from captioning.html_report import CURVES_NAME, plot_history
 from captioning.losses import LossTerms, MovingAverageBaseline, hard_attention_loss
 from captioning.models.captioner import Captioner, build_captioner, build_encoder
@@ -85,6 +85,7 @@ class Trainer:
         features = open_features(cfg.dataset.get("features"), self.model.encoder, model_config(cfg)["encoder"])
         self.data = {s: CaptionDataset(r, self.vocab, transform, max_len, per_image.get(s), features)
                      for s, r in records.items()}
+        self.instances = load_instances(cfg.eval.get("instances"), self.data[cfg.eval.split])  # read before training
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.optim)(params)
         sched = cfg.get("scheduler")
@@ -280,6 +281,8 @@ class Trainer:
                    "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
                    "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch,
                    "train_seconds": round(self.train_seconds, 1)}
+        if self.instances is not None:  # eval.instances: attention correctness on COCO instance masks
+            metrics.update(instance_correctness(preds, self.instances, self.model))
         plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)  # embedded in report.html
         write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
                       self.model.encoder.view)

@@ -272,9 +272,8 @@ def test_malformed_segmentation_names_the_file_and_annotation(tmp_path: Path) ->
 
 
 # ------------------------------------------------------------------------------------------------
-# captioning-evaluate end to end (slow: trains a tiny model)
+# captioning-evaluate and captioning-train end to end (tiny models, a few seconds)
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes(shapes_json, tmp_path, monkeypatch):
     """With instance masks drawn as the `shapes` boxes (and shape/colour words mapped to categories), the mask
     measure from `eval.instances` equals the box-based one on the same decoded split."""
@@ -328,3 +327,12 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
     other.write_text(json.dumps({"images": images[1:], "annotations": [], "categories": cats}))
     with pytest.raises(ValueError, match=r"1 image ids are not in .*other_instances\.json"):
         run(f"eval.instances={other}")
+
+    # captioning-train with eval.instances reports the same measure for its test split (same seed, same model)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        trained = train(compose("train", overrides=[*train_overrides, f"eval.instances={good}"]), tmp_path / "run2")
+    assert trained["attention_correctness_words"] == masks["attention_correctness_words"]
+    assert trained["attention_correctness"] == pytest.approx(masks["attention_correctness"], abs=1e-9)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"), pytest.raises(ValueError, match="other_instances"):
+        train(compose("train", overrides=[*train_overrides, f"eval.instances={other}"]), tmp_path / "run3")
+    assert not (tmp_path / "run3" / "checkpoints").exists()  # refused before training
