@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ import torch
 
 from captioning.data.shapes import build_shapes
 from captioning.models.captioner import Captioner, build_captioner
+
+# Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it.
+HAS_JAVA = shutil.which("java") is not None
+needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 
 TINY_MODEL = {
     "encoder": {"_target_": "captioning.models.encoder.SmallCNN", "channels": [8, 16], "num_pools": 2},

@@ -22,9 +22,8 @@ from captioning.metrics import (
     score_captions,
 )
 from captioning.metrics import coco as coco_module
+from conftest import HAS_JAVA, needs_java
 
-HAS_JAVA = shutil.which("java") is not None
-needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 
 # ------------------------------------------------------------------------------------------------
 # A small, realistic evaluation set: 30 images, 5 references each, candidates with mixed casing and

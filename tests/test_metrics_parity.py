@@ -8,15 +8,13 @@ their references partially (some empty, some unrelated).
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
 from captioning.metrics import VALID_METRICS, score_captions
 from captioning.metrics.synthetic_text import realistic_corpus
+from conftest import HAS_JAVA, needs_java
 
-HAS_JAVA = shutil.which("java") is not None
-needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 BLEU = VALID_METRICS["bleu"]
 NUM_IMAGES = 400
 

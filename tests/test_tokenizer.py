@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 
 import pytest
 
@@ -27,9 +26,8 @@ from captioning.metrics.tokenizer import (
     _scan_full,
     clean_caption,
 )
+from conftest import needs_java
 
-HAS_JAVA = shutil.which("java") is not None
-needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer)")
 
 # Strings aimed at the shortcuts' edges: words next to punctuation, other spaces and line ends,
 # assimilations ("cannot", "gonna") in every position, and text the scanner handles specially.
