@@ -16,8 +16,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from captioning.checkpoint import load_model
 from captioning.decoding import generate
-from captioning.evaluate import chosen_regions, resolve_device, selects_regions
-from captioning.visualize import plot_attention
+from captioning.evaluate import resolve_device, selects_regions
+from captioning.visualize import chosen_regions, plot_attention
 
 
 def open_image(path: Path) -> Image.Image:

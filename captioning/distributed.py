@@ -61,6 +61,16 @@ def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def gpu_index(env: DistEnv) -> int:
+    """This process's GPU under torchrun: cuda:LOCAL_RANK, with a clear error when there are fewer GPUs than
+    processes on the node."""
+    count = torch.cuda.device_count()
+    if env.local_rank >= count:
+        raise RuntimeError(f"torchrun started process LOCAL_RANK={env.local_rank}, but only {count} GPU(s) are "
+                           "visible; use --nproc_per_node <= the number of GPUs (or CUDA_VISIBLE_DEVICES)")
+    return env.local_rank
+
+
 def init_from_env() -> DistEnv | None:
     """Join the process group torchrun describes (once; later calls only return it); None without torchrun."""
     env = env_from_os()
@@ -70,7 +80,7 @@ def init_from_env() -> DistEnv | None:
         raise RuntimeError("launched by torchrun, but this PyTorch build has no torch.distributed support")
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
-        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(gpu_index(env))
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size)
     return env
 
@@ -105,7 +115,7 @@ def local_device(device: torch.device) -> torch.device:
         raise ValueError(f"device={device} was requested, but under torchrun each process uses cuda:LOCAL_RANK "
                          f"(here cuda:{env.local_rank}); pass device=cuda or device=auto and choose GPUs with "
                          "CUDA_VISIBLE_DEVICES")
-    torch.cuda.set_device(env.local_rank)
+    torch.cuda.set_device(gpu_index(env))
     return torch.device("cuda", env.local_rank)
 
 

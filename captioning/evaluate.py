@@ -21,7 +21,7 @@ from tqdm import tqdm
 from captioning.checkpoint import load_model
 from captioning.data.build import build_datasets
 from captioning.data.features import open_features
-from captioning.data.karpathy import CaptionDataset, collate, load_image
+from captioning.data.karpathy import CaptionDataset, ImageError, collate, load_image
 from captioning.decoding import generate
 from captioning.html_report import write_prediction_report
 from captioning.metrics import attention_correctness, score_captions
@@ -29,7 +29,7 @@ from captioning.metrics.coco_attention import CocoInstances, coco_attention_corr
 from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
 from captioning.schema import validate_evaluate_config
-from captioning.visualize import plot_attention
+from captioning.visualize import chosen_regions, plot_attention
 
 logger = logging.getLogger(__name__)
 # The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
@@ -49,11 +49,6 @@ class Prediction:
     @property
     def caption(self) -> str:
         return " ".join(self.words)
-
-
-def chosen_regions(alphas: torch.Tensor) -> list[int]:
-    """The region each word's attention map (T, h, w) selects (its argmax, row-major), for hard-attention figures."""
-    return alphas.flatten(1).argmax(1).tolist()
 
 
 def selects_regions(model: Captioner) -> bool:
@@ -142,7 +137,11 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
         (out_dir / "worst_by_cider.json").write_text(json.dumps(worst, indent=1) + "\n")
     for p in preds[:num_figures]:
         if p.words:
-            image = load_image(dataset.records[p.index].path)
+            try:
+                image = load_image(dataset.records[p.index].path)
+            except ImageError as err:  # e.g. a run from a feature cache without the images: no figure, no crash
+                logger.warning("no attention figure for image %s: %s", p.image_id, err)
+                continue
             image = view(image) if view is not None else image
             regions = chosen_regions(p.alphas) if mark_regions else None
             plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)

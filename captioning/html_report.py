@@ -30,6 +30,7 @@ from PIL import Image
 
 from captioning.data.karpathy import ImageError, load_image, read_karpathy
 from captioning.html_page import THUMB_SIDE, render_page
+from captioning.visualize import chosen_regions
 from captioning.metrics import score_captions
 from captioning.score import load_references, load_results
 
@@ -104,7 +105,7 @@ def _attention_json(item: ReportItem) -> dict[str, Any] | None:
     T, h, w = item.alphas.shape
     out: dict[str, Any] = {"h": h, "w": w, "maps": base64.b64encode(quantize_maps(item.alphas).tobytes()).decode()}
     if item.mark_regions:
-        out["regions"] = item.alphas.reshape(T, h * w).argmax(1).tolist()  # as evaluate.chosen_regions
+        out["regions"] = chosen_regions(item.alphas)
     return out
 
 

@@ -28,11 +28,13 @@ from omegaconf import DictConfig
 
 # ConfigError is what validate_*_config raise, importable from here next to them.
 from captioning.config_check import ConfigError, Problem, checked, choose_one, validate  # noqa: F401
+from captioning.metrics.coco import VALID_METRICS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-# Metrics validation computes (must match captioning.train.MONITORS) and metrics scoring knows (VALID_METRICS).
+# The metrics validation computes (what trainer.monitor may name; captioning.train uses this list too) and the
+# metrics scoring knows.
 MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
-METRICS = ("bleu", "meteor", "rouge", "cider", "spice")
+METRICS = tuple(VALID_METRICS)
 
 
 # -- model groups ------------------------------------------------------------------------------------

@@ -32,11 +32,12 @@ from captioning.evaluate import (Prediction, decode_split, instance_correctness,
 from captioning.html_report import CURVES_NAME, plot_history
 from captioning.losses import LossTerms, MovingAverageBaseline, hard_attention_loss
 from captioning.models.captioner import Captioner, build_captioner, build_encoder
-from captioning.schema import validate_train_config
+from captioning.schema import CONF_DIR as SCHEMA_CONF_DIR
+from captioning.schema import MONITORS, validate_train_config
 
 logger = logging.getLogger(__name__)
 # The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(SCHEMA_CONF_DIR)
 
 
 def set_seed(seed: int) -> None:
@@ -58,8 +59,6 @@ def attention_name(cfg: DictConfig) -> str:
     return str(cfg.attention._target_).rsplit(".", 1)[-1]
 
 
-# Validation decodes and scores BLEU and CIDEr (fast); these are the metrics early stopping can monitor.
-MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
 
 class Trainer:
     """Holds the training state so that it can be checkpointed and resumed as one piece."""
@@ -85,7 +84,8 @@ class Trainer:
         features = open_features(cfg.dataset.get("features"), self.model.encoder, model_config(cfg)["encoder"])
         self.data = {s: CaptionDataset(r, self.vocab, transform, max_len, per_image.get(s), features)
                      for s, r in records.items()}
-        self.instances = load_instances(cfg.eval.get("instances"), self.data[cfg.eval.split])  # read before training
+        # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the test split
+        self.instances = load_instances(cfg.eval.get("instances"), self.data[cfg.eval.split]) if self.is_main else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.optim)(params)
         sched = cfg.get("scheduler")
@@ -186,8 +186,8 @@ class Trainer:
                 continue
             terms = self.loss(batch.to(self.device))
             self.optimizer_step(terms.total)
-            if isinstance(self.baseline, distributed.GlobalMeanBaseline):
-                self.baseline.sync()
+            if isinstance(self.baseline, distributed.GlobalMeanBaseline) and selects_regions(self.model):
+                self.baseline.sync()  # the same decision on every rank: the attention type, not this step's coin
             self.step += 1
             vals = {"loss": terms.total.item(), "nll": terms.nll.item(), "token_nll": terms.token_nll.item(),
                     "attention_reg": terms.attention_reg.item()}
@@ -293,13 +293,15 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Train, then evaluate the best checkpoint on the test split; returns the test metrics."""
     validate_train_config(cfg)  # a typo or bad value fails here, naming the key, before any work
     distributed.init_from_env()  # under torchrun: join the process group (a no-op in a plain process)
-    set_seed(cfg.seed + distributed.rank())  # ranks draw their own dropout masks; DDP copies rank 0's initial weights
+    set_seed(cfg.seed)  # the same initial weights on every rank (a random encoder then matches its feature cache)
     if distributed.is_main():  # only rank 0 creates files
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # what this run used, resolved
     else:
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 reports progress, the others only warnings
     trainer = Trainer(cfg, out_dir)
+    if distributed.rank() > 0:  # ranks draw their own dropout masks and samples (rank 0 keeps the plain run's stream)
+        set_seed(cfg.seed + distributed.rank())
     if cfg.resume:
         path = trainer.ckpt_dir / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
         if distributed.broadcast_object(path.is_file()):  # rank 0 decides: all ranks resume from the file, or none

@@ -48,6 +48,13 @@ def _gaussian_weights(n_out: int, n_in: int, sigma_cells: float) -> np.ndarray:
     return w / w.sum(axis=1, keepdims=True)
 
 
+def chosen_regions(alphas: Any) -> list[int]:
+    """The region each word's attention map (T, h, w) selects (its argmax, row-major), for hard-attention figures;
+    `alphas` is a NumPy array or a CPU tensor."""
+    maps = np.asarray(alphas)
+    return maps.reshape(len(maps), -1).argmax(1).tolist()
+
+
 def upsample_attention(alpha: np.ndarray, size: tuple[int, int], smooth: bool = True) -> np.ndarray:
     """Upsample an (h, w) attention map to (H, W) = size, smoothed, scaled to [0, 1]."""
     a = _to_numpy(alpha)

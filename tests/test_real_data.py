@@ -159,6 +159,13 @@ def test_train_from_cache_evaluate_and_cache_matches_on_the_fly(tmp_path, fmt):
     ev = evaluate(_compose("evaluate", f"checkpoint={ckpt_path}", "eval.metrics=[bleu,cider]", "eval.num_figures=0"),
                   tmp_path / "eval")
     assert ev["num_images"] == 2 and ev["CIDEr"] == pytest.approx(cached["CIDEr"], abs=1e-12)
+    if fmt == "karpathy":  # once cached, the images are not needed: without them evaluation still writes its files
+        (tmp_path / "data" / "images").rename(tmp_path / "data" / "images_gone")
+        ev2 = evaluate(_compose("evaluate", f"checkpoint={ckpt_path}", "eval.metrics=[bleu,cider]", "eval.num_figures=2"),
+                       tmp_path / "eval2")
+        assert ev2["CIDEr"] == ev["CIDEr"] and (tmp_path / "eval2" / "report.html").is_file()
+        assert not (tmp_path / "eval2" / "figures").exists()  # no figures without images, and no crash
+        (tmp_path / "data" / "images_gone").rename(tmp_path / "data" / "images")
 
     model, vocab, ckpt = load_model(ckpt_path)
     records = [r for rs in load_records(_compose("train", *data).dataset, ["train", "val", "test"]).values() for r in rs]
