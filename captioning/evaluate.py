@@ -117,10 +117,11 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
 
 def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDataset, metrics: dict[str, Any],
                   num_figures: int, mark_regions: bool = False, view: Callable[[Image.Image], Image.Image] | None = None,
-                  num_worst: int = 20) -> None:
+                  num_worst: int = 20, report: bool = True) -> None:
     """metrics.json, a COCO-format results file, per-image scores, the `num_worst` images by CIDEr, and
     attention figures for the first images.
 
+    `report` adds report.html and attention.npz (the whole split, browsable);
     `mark_regions` (hard attention) outlines the region each word's attention selects (its argmax);
     `view` maps an image to the part the encoder saw (its resize/crop), which the attention maps cover.
     """
@@ -146,7 +147,8 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
             regions = chosen_regions(p.alphas) if mark_regions else None
             plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
-    write_prediction_report(out_dir, preds, dataset, metrics, mark_regions, view)  # report.html, attention.npz
+    if report:
+        write_prediction_report(out_dir, preds, dataset, metrics, mark_regions, view)  # report.html, attention.npz
 
 
 def load_instances(path: str | None, dataset: CaptionDataset) -> CocoInstances | None:
@@ -182,7 +184,8 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
     if instances is not None:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
         metrics.update(instance_correctness(preds, instances, model))
-    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model), model.encoder.view)
+    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model), model.encoder.view,
+                  report=cfg.eval.get("report", True))
     return metrics
 
 

@@ -330,6 +330,7 @@ class EvalConfig(ShippedKeys):
     batch_size: int = checked(50, ge=1)
     metrics: list[str] = checked(["bleu", "meteor", "rouge", "cider"], choices=METRICS)
     num_figures: int = checked(4, ge=0)
+    report: bool = True  # write report.html and attention.npz
     instances: str | None = None  # COCO instances file for mask-based attention correctness
     extra_keys_from: typing.ClassVar[tuple[str, str | None]] = ("eval/*.yaml", None)
 

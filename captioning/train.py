@@ -285,7 +285,7 @@ class Trainer:
             metrics.update(instance_correctness(preds, self.instances, self.model))
         plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)  # embedded in report.html
         write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
-                      self.model.encoder.view)
+                      self.model.encoder.view, report=ev.get("report", True))
         return distributed.broadcast_object(metrics)
 
 

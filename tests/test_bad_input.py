@@ -110,6 +110,8 @@ def test_malformed_coco_caption_files_name_the_file_and_entry(tmp_path):
         ({"images": [img]}, "top-level 'images' and 'annotations' lists"),  # no annotations
         ({"images": [{"id": 1}], "annotations": [ann]}, r"images\[0\] is malformed .*'file_name'"),
         ({"images": [{"id": "1", "file_name": "a.jpg"}], "annotations": [ann]}, r"images\[0\] is malformed .*integer 'id'"),
+        ({"images": [{"id": True, "file_name": "a.jpg"}], "annotations": [ann]}, r"images\[0\] is malformed .*integer 'id'"),
+        ({"images": [img], "annotations": [{**ann, "image_id": True}]}, r"annotations\[0\] is malformed"),
         ({"images": [img, img], "annotations": [ann]}, r"images\[1\] repeats image id 1"),
         ({"images": [img], "annotations": [{"image_id": 1}]}, r"annotations\[0\] is malformed .*'caption'"),
         ({"images": [img], "annotations": [ann, {"id": 11, "image_id": 7, "caption": "x"}]},

@@ -165,6 +165,9 @@ def test_train_from_cache_evaluate_and_cache_matches_on_the_fly(tmp_path, fmt):
                        tmp_path / "eval2")
         assert ev2["CIDEr"] == ev["CIDEr"] and (tmp_path / "eval2" / "report.html").is_file()
         assert not (tmp_path / "eval2" / "figures").exists()  # no figures without images, and no crash
+        evaluate(_compose("evaluate", f"checkpoint={ckpt_path}", "eval.metrics=[bleu]", "eval.report=false"),
+                 tmp_path / "eval3")
+        assert (tmp_path / "eval3" / "metrics.json").is_file() and not (tmp_path / "eval3" / "report.html").exists()
         (tmp_path / "data" / "images_gone").rename(tmp_path / "data" / "images")
 
     model, vocab, ckpt = load_model(ckpt_path)

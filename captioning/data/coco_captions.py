@@ -30,6 +30,10 @@ from captioning.data.vocab import tokenize
 logger = logging.getLogger(__name__)
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true/false are not image ids
+
+
 def _check_structure(data: Any, path: Path) -> None:
     """Refuse a captions file pycocotools would crash on (or silently misread), naming the bad entry."""
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
@@ -37,14 +41,14 @@ def _check_structure(data: Any, path: Path) -> None:
         raise ValueError(f"{path}: expected COCO caption annotations with top-level 'images' and 'annotations' lists")
     ids: set[int] = set()
     for n, img in enumerate(data["images"]):
-        if not isinstance(img, dict) or not isinstance(img.get("id"), int) or not isinstance(img.get("file_name"), str):
+        if not isinstance(img, dict) or not _is_id(img.get("id")) or not isinstance(img.get("file_name"), str):
             raise ValueError(f"{path}: images[{n}] is malformed (needs an integer 'id' and a 'file_name')")
         if img["id"] in ids:
             raise ValueError(f"{path}: images[{n}] repeats image id {img['id']}")
         ids.add(img["id"])
     unknown = []
     for n, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or not isinstance(ann.get("image_id"), int) or not isinstance(ann.get("caption"), str):
+        if not isinstance(ann, dict) or not _is_id(ann.get("image_id")) or not isinstance(ann.get("caption"), str):
             raise ValueError(f"{path}: annotations[{n}] is malformed (needs an integer 'image_id' and a string 'caption')")
         if ann["image_id"] not in ids:
             unknown.append(ann["image_id"])
