@@ -63,6 +63,11 @@ def load_coco(path: str | os.PathLike) -> COCO:
     data = load_json(path)
     _check_structure(data, path)
     data.setdefault("info", {})  # pycocotools' info() and loadRes expect it; caption files may leave it out
+    return coco_index(data)
+
+
+def coco_index(data: dict[str, Any]) -> COCO:
+    """A pycocotools COCO index of an already checked annotation dict (built without pycocotools' printing)."""
     coco = COCO()
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress

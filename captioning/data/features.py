@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from captioning import __version__
-from captioning.data.karpathy import ImageError, ImageRecord, load_image
+from captioning.data.karpathy import ImageError, ImageRecord, load_image, write_json_atomic
 from captioning.models.encoder import Encoder
 
 logger = logging.getLogger(__name__)
@@ -74,13 +74,6 @@ def _weights_name(encoder: Encoder) -> str:
     import torchvision
 
     return str(torchvision.models.get_model_weights(arch).DEFAULT)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically, so an interrupted run never leaves a half-written marker."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> Any:
@@ -255,8 +248,8 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
         "format": CACHE_FORMAT, "fingerprint": fp, "weights": _weights_name(encoder), "dtype": "float16",
         "grid": None, "num_images": len(images), "code_version": __version__}
     if not start:
-        _write_json(out / "index.json", {"image_ids": image_ids, "paths": [str(r.path) for r in images]})
-        _write_json(out / "meta.json", meta)
+        write_json_atomic(out / "index.json", {"image_ids": image_ids, "paths": [str(r.path) for r in images]}, indent=1)
+        write_json_atomic(out / "meta.json", meta, indent=1)
     state = _read_json(out / "progress.json") if start else {"rows_done": 0, "failed": {}}
     grids = np.load(out / "grids.npy", mmap_mode="r+") if (out / "grids.npy").is_file() else None
     device = next(encoder.parameters()).device
@@ -272,14 +265,14 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
                 raise ValueError("encoder outputs overflow float16; this encoder cannot be cached as float16")
             if grids is None:
                 meta["grid"] = list(fmap.shape[-2:])
-                _write_json(out / "meta.json", meta)
+                write_json_atomic(out / "meta.json", meta, indent=1)
                 grids = np.lib.format.open_memmap(out / "grids.npy", mode="w+", dtype=np.float16,
                                                   shape=(len(images), *a.shape[1:]))
             grids[[row for row, _ in ok]] = a
             grids.flush()  # rows on disk before the progress marker says so
         state["failed"].update({str(image_ids[row]): err for row, x, err in batch if x is None})
         state["rows_done"] = batch[-1][0] + 1
-        _write_json(out / "progress.json", state)
+        write_json_atomic(out / "progress.json", state, indent=1)
     if grids is None:
         raise ValueError(f"none of the {len(images)} images could be read (e.g. {next(iter(state['failed'].values()))})")
     if state["failed"]:

@@ -53,6 +53,13 @@ def load_json(path: Path) -> Any:
         raise ValueError(f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from err
 
 
+def write_json_atomic(path: Path, data: Any, indent: int | None = None) -> None:
+    """Write JSON through a temporary file and an atomic rename, so an interrupted run never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=indent) + ("\n" if indent is not None else ""), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def read_karpathy(json_path: str | os.PathLike, split: str, image_root: str | os.PathLike | None = None,
                   train_includes_restval: bool = True) -> list[ImageRecord]:
     """Read one split of a Karpathy-format file; images are looked up under image_root/filepath/filename."""

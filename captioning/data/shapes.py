@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioning.data.karpathy import write_json_atomic
+
 logger = logging.getLogger(__name__)
 
 SHAPES = ("circle", "square", "triangle", "cross")
@@ -267,12 +269,6 @@ def word_boxes(objects: Sequence[ShapeObject]) -> dict[str, list[list[int]]]:
 
 
 # ---------------------------------------------------------------------------------------- on disk
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -330,8 +326,8 @@ def build_shapes(root: str | os.PathLike, *, seed: int = 0, num_train: int = 400
     for stale in sorted(image_dir.glob("*_[0-9][0-9][0-9][0-9][0-9].png")):
         if stale.name not in keep and stale.name.split("_")[0] in SPLITS:
             stale.unlink()
-    _write_json_atomic(root / META_NAME, meta)
-    _write_json_atomic(json_path, {"dataset": "shapes", "images": images})
+    write_json_atomic(root / META_NAME, meta)
+    write_json_atomic(json_path, {"dataset": "shapes", "images": images})
     logger.info("generated %d shapes images in %.1f s: %s", len(images), time.perf_counter() - start, json_path)
     return json_path
 

@@ -23,8 +23,6 @@ instead of resampling it.  The word's share is ``sum_cells alpha * coverage / su
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -34,8 +32,8 @@ from typing import Any
 
 import numpy as np
 from pycocotools import mask as mask_utils
-from pycocotools.coco import COCO
 
+from captioning.data.coco_captions import coco_index
 from captioning.metrics.coco_words import CATEGORY_WORDS, COCO_CATEGORY_IDS
 
 __all__ = ["WORD_CATEGORIES", "category_mentions", "View", "ViewGeometry", "full_image", "resize_center_crop",
@@ -198,10 +196,7 @@ class CocoInstances:
             if ann["image_id"] not in images:
                 raise ValueError(f"{self.path}: annotation {ann.get('id')} refers to image id {ann['image_id']}, "
                                  f"which is not in its 'images'")
-        self._coco = COCO()
-        self._coco.dataset = data
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-            self._coco.createIndex()
+        self._coco = coco_index(data)
 
     def _read(self) -> dict[str, Any]:
         if not self.path.is_file():
