@@ -279,7 +279,7 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
         logger.warning("%d images could not be read and have no features (they are skipped and counted): %s",
                        len(state["failed"]), "; ".join(list(state["failed"].values())[:5]))
     logger.info("feature cache %s: %d images, grid %s x %d, float16", out, len(images), meta["grid"], encoder.out_dim)
-    return FeatureCache.open(out, encoder, encoder_cfg)
+    return FeatureCache.open(out)  # written with this encoder's fingerprint `fp`: no second hash of its weights
 
 
 def open_features(path: str | os.PathLike | None, encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> FeatureCache | None:
