@@ -23,8 +23,6 @@ def save_checkpoint(path: str | os.PathLike, model: Captioner, vocab: Vocabulary
     """Write model weights, config (plain containers), vocabulary and `extra` (optimizer state, epoch...)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):  # store the plain module's keys, not "module.*"
-        model = model.module
     payload = {"format": FORMAT, "model": model.state_dict(), "config": config, "vocab": vocab.to_list(), **extra}
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
