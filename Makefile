@@ -1,29 +1,46 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   - create .venv, install the package, train on the built-in `shapes` data set
-#   make test    - create .venv, install the package, run the test suite
-# Extra Hydra overrides: make train ARGS="attention=soft trainer.max_epochs=2"
+#   make test    - create .venv, install the package with its test tools, run the test suite (what CI runs)
+# Extra Hydra overrides: make train ARGS="attention=soft trainer.max_epochs=2"; pytest options: make test ARGS="-k resume"
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+CPU_INDEX := https://download.pytorch.org/whl/cpu
+# On a machine without an NVIDIA driver, PyTorch's CPU wheels (about 0.7 GB instead of about 5 GB of CUDA builds),
+# when their index can be reached; otherwise whatever pip's configured indexes give. Force one: make train TORCH_INDEX=URL
+# (e.g. https://download.pytorch.org/whl/cu124), or TORCH_INDEX= for the default (PyPI's CUDA build on Linux).
+TORCH_INDEX ?= $(shell if ! command -v nvidia-smi >/dev/null 2>&1 && curl -sfI --max-time 5 $(CPU_INDEX)/torch/ >/dev/null 2>&1; then echo $(CPU_INDEX); fi)
 
-.PHONY: train test test-all install clean
+.PHONY: train test test-all lint install notebook clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(if $(TORCH_INDEX),$(BIN)/pip install 'torch>=2.4' 'torchvision>=0.19' --index-url $(TORCH_INDEX),)
+	$(BIN)/pip install -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -e '.[dev]'
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+install: $(VENV)/.installed
 
-train: $(STAMP)
+train: $(VENV)/.installed
 	$(BIN)/captioning-train $(ARGS)
 
-test: $(STAMP)
+test: $(VENV)/.installed-dev
 	$(BIN)/pytest $(ARGS)
 
-test-all: $(STAMP)
+test-all: $(VENV)/.installed-dev
 	$(BIN)/pytest -m "slow or not slow" $(ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check captioning tests experiments
+	$(BIN)/mypy captioning
+
+# Run notebooks/demo.ipynb and commit the copy with its outputs (what GitHub shows).
+notebook: $(VENV)/.installed-dev
+	cd notebooks && ../$(BIN)/jupyter-execute --inplace demo.ipynb
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,15 +1,41 @@
-"""Greedy decoding and batched beam search: the only copies, used by validation, evaluation and captioning."""
+"""Greedy decoding and batched beam search: the only copies, used by validation, evaluation and captioning.
+
+Both work with any decoder that has the step interface of `ShowAttendTellDecoder` (see `StepDecoder`), write
+step t into buffers allocated once for max_len steps, and synchronise with the host once per step (the stop
+test) and once at the end. Beam search keeps a, keys and mask once per image when the decoder's attention reads
+k consecutive rows per image (`rows_share_images`), instead of copying them for each of the k beams.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
+from captioning.models.attention import AttentionOutput
 from captioning.models.captioner import Captioner
-from captioning.models.decoder import ShowAttendTellDecoder
+
+
+class StepDecoder(Protocol):
+    """What decoding needs from a decoder: per-image keys, an initial state and one step.
+
+    The state may be any tuple (nested or not) of tensors whose first dim is the row (image or beam). A decoder
+    whose `rows_share_images` is true also accepts a, keys and mask with one row per image while the state holds
+    k consecutive rows per image (beam search then never copies them k times).
+    """
+
+    attention: Any  # has .prepare(a, grid) -> keys (B, L, A)
+    rows_share_images: bool  # optional; False when absent
+
+    def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any: ...
+
+    def step(self, words: torch.Tensor, state: Any, a: torch.Tensor, keys: torch.Tensor,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any, AttentionOutput]: ...
 
 
 @dataclass
@@ -18,97 +44,168 @@ class Decoded:
 
     tokens: list[list[int]]  # per image, word ids without <start>/<end>
     alphas: list[torch.Tensor]  # per image, (T_i, L): the map used to produce each word
-    scores: torch.Tensor  # (B,) log-probability of the chosen sequence (incl. <end>)
+    scores: torch.Tensor  # (B,) raw log-probability of the chosen sequence (incl. <end> if it has one)
 
 
-def _trim(seqs: torch.Tensor, alphas: torch.Tensor, end_id: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Cut each sequence (B, T) before its first <end>; keep the matching attention maps (B, T, L)."""
-    tokens, maps = [], []
-    for seq, alpha in zip(seqs.tolist(), alphas):
-        n = seq.index(end_id) if end_id in seq else len(seq)
-        tokens.append(seq[:n])
-        maps.append(alpha[:n].cpu())
-    return tokens, maps
+def _check(beam_size: int, max_len: int, length_penalty: float = 0.0) -> None:
+    """Refuse settings that cannot decode anything."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if length_penalty < 0:
+        raise ValueError(f"length_penalty must be >= 0 (0 ranks by raw log-probability), got {length_penalty}")
 
 
-def _word_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """log p(word) renormalised without <start> and <pad>, which are never targets in training."""
-    logits = logits.clone()
-    logits[:, [Vocabulary.start_id, Vocabulary.pad_id]] = float("-inf")
-    return F.log_softmax(logits, dim=-1)  # (N, V)
+def _word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
+    """log p(word) renormalised without `special` (<start> and <pad>), which are never targets in training."""
+    return F.log_softmax(logits.index_fill(1, special, float("-inf")), dim=-1)  # (N, V)
+
+
+def _special(device: torch.device) -> torch.Tensor:
+    """The ids decoding never emits: <start> and <pad>."""
+    return torch.tensor([Vocabulary.start_id, Vocabulary.pad_id], device=device)
+
+
+def _map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
+    """Apply fn to every tensor of a decoder state: a tensor, or tuples of them (nested), row first; None stays."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, (tuple, list)):
+        items = [_map_state(fn, s) for s in state]
+        return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
+    raise TypeError(f"decoder state must be tensors (row first) in tuples, got {type(state).__name__}")
+
+
+def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor) -> Decoded:
+    """Cut each caption (B, T) and its maps (B, T, L) to its length in words; one transfer to the host."""
+    maps = maps.cpu()
+    n = lengths.tolist()
+    return Decoded([row[:m] for row, m in zip(seqs.tolist(), n)], [maps[i, :m] for i, m in enumerate(n)], scores)
 
 
 @torch.no_grad()
-def greedy_decode(decoder: ShowAttendTellDecoder, a: torch.Tensor, max_len: int,
+def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
                   mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
     """Pick the most likely word at every step, for a batch of annotation grids a (B, L, D)."""
-    B = a.shape[0]
+    _check(1, max_len)
+    (B, L), pad, end = a.shape[:2], Vocabulary.pad_id, Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A)
     state = decoder.init_state(a, mask)
     words = a.new_full((B,), Vocabulary.start_id, dtype=torch.long)
     finished = torch.zeros(B, dtype=torch.bool, device=a.device)
     scores = a.new_zeros(B)
-    seqs, alphas = [], []
-    for _ in range(max_len):
+    seqs = a.new_full((B, max_len), pad, dtype=torch.long)  # word t of each caption, written in place
+    maps = a.new_zeros(B, max_len, L)  # alpha_t of each word
+    lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
+    special = _special(a.device)
+    for t in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
-        logp = _word_log_probs(logits)  # (B, V)
-        words = logp.argmax(dim=-1).masked_fill(finished, Vocabulary.pad_id)  # (B,)
+        logp = _word_log_probs(logits, special)  # (B, V)
+        words = logp.argmax(dim=-1).masked_fill(finished, pad)  # (B,); finished captions are fed <pad>
         scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
-        seqs.append(words), alphas.append(att.alpha)
-        finished |= words == Vocabulary.end_id
-        if finished.all():
+        seqs[:, t], maps[:, t] = words, att.alpha
+        lengths = torch.where(words == end, t, lengths)
+        finished |= words == end
+        if finished.all():  # the one host sync per step
             break
-    tokens, maps = _trim(torch.stack(seqs, 1), torch.stack(alphas, 1), Vocabulary.end_id)
-    return Decoded(tokens, maps, scores)
+    return _finish(seqs, maps, lengths, scores)
+
+
+def _backtrack(tokens: torch.Tensor, parents: torch.Tensor, alphas: torch.Tensor, lengths: torch.Tensor,
+               beams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Follow back-pointers (T, B, k) from beam `beams` (B,) at step lengths - 1: words (B, T), maps (B, T, L)."""
+    T, B = tokens.shape[:2]
+    img = torch.arange(B, device=tokens.device)
+    seqs = tokens.new_full((B, T), Vocabulary.pad_id)
+    maps = alphas.new_zeros(B, T, alphas.shape[-1])
+    cur = beams
+    for s in range(T - 1, -1, -1):
+        cur = torch.where(lengths - 1 == s, beams, cur)  # each caption's last word is at step lengths - 1
+        inside = (s < lengths).unsqueeze(1)  # (B, 1)
+        parent = parents[s, img, cur]  # (B,) the beam that ran step s: its alpha_s produced the word
+        seqs[:, s] = torch.where(inside[:, 0], tokens[s, img, cur], Vocabulary.pad_id)
+        maps[:, s] = torch.where(inside, alphas[s, img, parent], 0.0)  # (B, L)
+        cur = parent
+    return seqs, maps
 
 
 @torch.no_grad()
-def beam_search(decoder: ShowAttendTellDecoder, a: torch.Tensor, beam_size: int, max_len: int,
+def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: int,
                 length_penalty: float = 0.0, mask: torch.Tensor | None = None,
                 grid: tuple[int, int] | None = None) -> Decoded:
-    """Batched beam search: B images x k beams in one tensor; the best beam by score / length**length_penalty.
+    """Batched beam search (B images x k beams in one tensor) with a pool of finished captions per image.
 
-    A finished beam stays in the beam and is extended only by <pad> at no cost, so finished and live
-    hypotheses compete for the k places, and k = 1 is exactly greedy decoding.
+    Length n of a hypothesis: its words plus its <end> if it has one (the number of log-probs in its score);
+    its normalised score is log p / n**length_penalty.
+    - Live beam: at each step every image keeps its k best continuations that do not end in <end>, ranked
+      by raw log p. All live hypotheses have the same length, so normalising would not change this order.
+    - Pool: a continuation ending in <end> leaves the beam for the image's pool (it takes no live place)
+      when it ranks among the k best continuations of that step (the usual rule; it makes k = 1 exactly
+      greedy when length_penalty = 0). The pool keeps its best member by normalised score.
+    - Stop: an image is done when no live hypothesis can beat its best finished one. Word log-probs are
+      <= 0, so a live hypothesis of score s can only end with a raw score s' <= s at a length n' <= max_len;
+      with length_penalty >= 0 its normalised score is s' / n'**lp <= s / max_len**lp, the bound used (with
+      lp = 0: best finished >= best live). The search ends when every image is done (one host sync per
+      step) or after max_len steps, where the unfinished live hypotheses are candidates too, with length
+      max_len (as in arctic-captions' gen_sample, which returns them beside finished ones), so an image
+      whose captions never end still gets its best prefix.
+    - Choice: the best candidate by normalised score (a finished one wins ties); `scores` holds its raw
+      log-probability.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    B, k = a.shape[0], beam_size
-    keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image, then repeated per beam
-    a, keys = a.repeat_interleave(k, 0), keys.repeat_interleave(k, 0)  # (B*k, L, D), (B*k, L, A)
-    mask = None if mask is None else mask.repeat_interleave(k, 0)
+    _check(beam_size, max_len, length_penalty)
+    (B, L), k, dev = a.shape[:2], beam_size, a.device
+    lp, end = float(length_penalty), Vocabulary.end_id
+    keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
     state = decoder.init_state(a, mask)
-    words = a.new_full((B * k,), Vocabulary.start_id, dtype=torch.long)
+    # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
+    logits, state, att = decoder.step(a.new_full((B,), Vocabulary.start_id, dtype=torch.long), state, a, keys, mask)
+    state, logits, alpha = _map_state(lambda x: x.repeat_interleave(k, dim=0), (state, logits, att.alpha))  # b*k + j
+    if not getattr(decoder, "rows_share_images", False):  # else the decoder reads k rows per image of a, keys, mask
+        a, keys, mask = _map_state(lambda x: x.repeat_interleave(k, dim=0), (a, keys, mask))  # (B k, L, D), ...
     scores = a.new_full((B, k), float("-inf"))
-    scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step one
-    finished = torch.zeros(B * k, dtype=torch.bool, device=a.device)
-    lengths = torch.zeros(B * k, device=a.device)
-    seqs = torch.empty(B * k, 0, dtype=torch.long, device=a.device)
-    alpha_hist = a.new_empty(B * k, 0, a.shape[1])
-    offsets = (torch.arange(B, device=a.device) * k).unsqueeze(1)  # (B, 1)
-    for _ in range(max_len):
-        logits, state, att = decoder.step(words, state, a, keys, mask)
-        logp = _word_log_probs(logits)  # (B*k, V)
-        V = logp.shape[1]
-        logp[finished] = float("-inf")
-        logp[finished, Vocabulary.pad_id] = 0.0
-        cand = (scores.view(-1, 1) + logp).view(B, k * V)  # (B, k*V)
-        scores, flat_idx = cand.topk(k, dim=1)  # (B, k)
-        src = (offsets + flat_idx // V).view(-1)  # (B*k,) beam each new hypothesis extends
-        words = (flat_idx % V).view(-1)  # (B*k,)
-        state = tuple(s[src] for s in state)
-        seqs = torch.cat([seqs[src], words.unsqueeze(1)], 1)  # (B*k, t+1)
-        alpha_hist = torch.cat([alpha_hist[src], att.alpha[src].unsqueeze(1)], 1)  # (B*k, t+1, L)
-        was_finished = finished[src]
-        lengths = lengths[src] + (~was_finished).float()
-        finished = was_finished | (words == Vocabulary.end_id)
-        if finished.all():
-            break
-    norm = scores / lengths.view(B, k).clamp(min=1) ** length_penalty if length_penalty else scores
-    best = norm.argmax(dim=1)  # (B,)
-    pick = (offsets.squeeze(1) + best)  # (B,)
-    tokens, maps = _trim(seqs[pick], alpha_hist[pick], Vocabulary.end_id)
-    return Decoded(tokens, maps, scores.gather(1, best.unsqueeze(1)).squeeze(1))
+    scores[:, 0] = 0.0  # only the first copy may expand at step 0
+    tokens = torch.zeros(max_len, B, k, dtype=torch.long, device=dev)  # word of live beam j after step t
+    parents = torch.zeros_like(tokens)  # the beam (at step t - 1) it extends
+    alphas = a.new_zeros(max_len, B, k, L)  # alpha_t of each row that ran step t, before reordering
+    best_raw, best_norm = a.new_full((B,), float("-inf")), a.new_full((B,), float("-inf"))
+    best_len = torch.zeros(B, dtype=torch.long, device=dev)  # words of the best candidate (its <end> excluded)
+    best_beam = torch.zeros(B, dtype=torch.long, device=dev)  # the beam holding its last word
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    first_row = (torch.arange(B, device=dev) * k).unsqueeze(1)  # (B, 1)
+    special, steps = _special(dev), max_len
+    words = tokens[0, :, 0]  # placeholder: step 0 ran above; every step sets the next words (B k,)
+    for t in range(max_len):
+        if t > 0:
+            logits, state, att = decoder.step(words, state, a, keys, mask)
+            alpha = att.alpha
+        alphas[t] = alpha.view(B, k, L)
+        cand = _word_log_probs(logits, special).add_(scores.view(-1, 1)).view(B, k, -1)  # (B, k, V) raw log p
+        V = cand.shape[2]
+        end_score, end_beam = cand[:, :, end].max(dim=1)  # (B,) the best continuation by <end>
+        cand[:, :, end] = float("-inf")
+        scores, flat = cand.view(B, k * V).topk(k, dim=1)  # (B, k) the k best live ones, best first
+        parent, word = flat // V, flat % V  # (B, k)
+        tokens[t], parents[t] = word, parent
+        end_norm = end_score / (t + 1) ** lp
+        better = (end_score >= scores[:, -1]) & (end_norm > best_norm) & ~done  # among the k best, and better
+        best_raw, best_norm = torch.where(better, end_score, best_raw), torch.where(better, end_norm, best_norm)
+        best_len, best_beam = torch.where(better, t, best_len), torch.where(better, end_beam, best_beam)
+        rows = (first_row + parent).view(-1)  # (B*k,) the row each new beam continues
+        state, words = _map_state(functools.partial(torch.index_select, dim=0, index=rows), state), word.view(-1)
+        if t + 1 < max_len:
+            done |= best_norm >= scores[:, 0] / max_len ** lp
+            if done.all():  # the one host sync per step
+                steps = t + 1
+                break
+    else:  # max_len reached: the best live hypothesis (length max_len, no <end>) is a candidate too
+        better = (scores[:, 0] / max_len ** lp > best_norm) & ~done
+        best_raw = torch.where(better, scores[:, 0], best_raw)
+        best_len, best_beam = torch.where(better, max_len, best_len), torch.where(better, 0, best_beam)
+    seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
+    return _finish(seqs, maps, best_len, best_raw)
 
 
 @torch.no_grad()
@@ -116,6 +213,6 @@ def generate(model: Captioner, images: torch.Tensor, beam_size: int = 3, max_len
              length_penalty: float = 0.0) -> tuple[Decoded, tuple[int, int]]:
     """Caption a batch of images; returns the decoded captions and the attention grid size (h, w)."""
     a, grid = model.encode(images)  # (B, L, D)
-    if beam_size == 1:
+    if beam_size == 1 and length_penalty == 0:  # the same captions as beam_search, without the pool
         return greedy_decode(model.decoder, a, max_len, grid=grid), grid
     return beam_search(model.decoder, a, beam_size, max_len, length_penalty, grid=grid), grid

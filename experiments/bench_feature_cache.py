@@ -19,8 +19,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.features import extract_features
-from captioning.data.karpathy import CaptionDataset, ImageRecord, collate
+from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.losses import caption_loss
 from captioning.models.captioner import build_captioner
@@ -42,7 +43,8 @@ def make_images(root: Path, n: int, seed: int = 0) -> list[ImageRecord]:
     return records
 
 
-def epoch_seconds(model: torch.nn.Module, dataset: CaptionDataset, batch_size: int, workers: int) -> tuple[float, float]:
+def epoch_seconds(model: torch.nn.Module, dataset: CaptionDataset, batch_size: int,
+                  workers: int) -> tuple[float, float]:
     """Wall time and CPU time of this process for one training epoch (data loading included).
 
     CPU time is what to compare on a shared machine (with workers=0 all the work is in this process).
@@ -72,7 +74,8 @@ def main() -> None:
     torch.manual_seed(0)
     vgg = args.encoder.startswith("vgg")
     enc = {"_target_": f"captioning.models.encoder.{'VGGEncoder' if vgg else 'ResNetEncoder'}", "arch": args.encoder,
-           "pretrained": False, "fine_tune": "none", "image_size": args.image_size, **({} if vgg else {"grid_size": 14})}
+           "pretrained": False, "fine_tune": "none", "image_size": args.image_size,
+           **({} if vgg else {"grid_size": 14})}
     model_cfg = {"encoder": enc,
                  "attention": {"_target_": "captioning.models.attention.SoftAttention", "attention_dim": 512},
                  "decoder": {"_target_": "captioning.models.decoder.ShowAttendTellDecoder", "embed_dim": 512,

@@ -1,26 +1,15 @@
-"""Shared fixtures: tiny model configs and a tiny generated `shapes` data set."""
+"""Shared pytest fixtures: a tiny captioner and a tiny generated `shapes` data set (plain helpers: fixtures.py)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from fixtures import TINY_MODEL
 
 from captioning.data.shapes import build_shapes
 from captioning.models.captioner import Captioner, build_captioner
-
-# Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it.
-HAS_JAVA = shutil.which("java") is not None
-needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
-
-TINY_MODEL = {
-    "encoder": {"_target_": "captioning.models.encoder.SmallCNN", "channels": [8, 16], "num_pools": 2},
-    "attention": {"_target_": "captioning.models.attention.SoftAttention", "attention_dim": 16},
-    "decoder": {"_target_": "captioning.models.decoder.ShowAttendTellDecoder", "embed_dim": 16, "hidden_dim": 32,
-                "dropout": 0.0},
-}
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from captioning.losses import caption_loss, doubly_stochastic
@@ -33,3 +34,23 @@ def test_caption_loss_sums_over_time_and_ignores_padding():
     reg = ((1 - 0.5) ** 2 * 4 + (1 - 0.75) ** 2 * 4) / 2
     torch.testing.assert_close(terms.attention_reg, torch.tensor(reg))
     torch.testing.assert_close(terms.total, terms.nll + 0.5 * reg)
+
+
+def test_doubly_stochastic_summed_over_captions_and_averaged_over_regions():
+    # arctic-captions' normalisation (capgen.py:L1177): sum over captions of the mean over regions.
+    alphas = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.2, 0.6], [0.9, 0.05, 0.05]],
+                           [[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    got = doubly_stochastic(alphas, mask, reduction="batch_sum_region_mean")
+    assert math.isclose(got.item(), 0.415 / 3 + 0.0, rel_tol=1e-6)
+    # N captions of the same penalty: N / L times the per-caption mean (the authors' effective lambda).
+    same = alphas[:1].expand(4, -1, -1)
+    ratio = doubly_stochastic(same, mask[:1].expand(4, -1), reduction="batch_sum_region_mean") / doubly_stochastic(
+        same, mask[:1].expand(4, -1))
+    assert math.isclose(ratio.item(), 4 / 3, rel_tol=1e-6)
+    # Padded regions count neither in the sum nor in the number of regions.
+    region_mask = torch.tensor([[True, False, True], [True, True, True]])
+    got = doubly_stochastic(alphas, mask, region_mask, reduction="batch_sum_region_mean")
+    assert math.isclose(got.item(), (0.09 + 0.0225) / 2, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="attention_reduction must be one of"):
+        doubly_stochastic(alphas, mask, reduction="mean")

@@ -1,50 +1,55 @@
-"""Build the vocabulary and split data sets from a `dataset` config group."""
+"""Build the vocabulary and split data sets from a `dataset` config group.
+
+The files are read by the reader `dataset.reader` names (conf/dataset/reader/: karpathy or coco), after the
+data set's `generate` step if it has one (conf/dataset/shapes.yaml). Both are `_target_`s looked up in the registry
+(captioning/models/registry.py), never imported: a checkpoint's stored dataset section is rebuilt the same way.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from captioning.data.coco_captions import read_coco_captions
+from captioning.data.dataset import CaptionDataset
 from captioning.data.features import FeatureCache
-from captioning.data.karpathy import CaptionDataset, ImageRecord, read_karpathy
+from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
+from captioning.models import registry
 
 logger = logging.getLogger(__name__)
-FORMATS = ("karpathy", "coco")  # dataset.format: a Karpathy split file, or raw COCO caption files
+LEGACY_FORMATS = ("karpathy", "coco")  # `dataset.format` of a dataset section written before dataset.reader
 
 
-def prepare_annotations(dataset_cfg: DictConfig) -> Path:
-    """Generate the data set if its config has a `generate` step, and return the annotation file."""
-    if dataset_cfg.get("generate") is not None:
-        return Path(instantiate(dataset_cfg.generate))
-    path = Path(dataset_cfg.annotations)
-    if not path.is_file():
-        raise FileNotFoundError(f"annotation file not found: {path} (set dataset.annotations=...)")
-    return path
+def _plain(dataset_cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(dataset_cfg, DictConfig):
+        return OmegaConf.to_container(dataset_cfg, resolve=True)  # type: ignore[return-value]
+    return dict(dataset_cfg)
 
 
-def load_records(dataset_cfg: DictConfig, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
-    """Read the requested splits' image records with the reader `dataset.format` names (karpathy | coco)."""
-    fmt = dataset_cfg.get("format", "karpathy")
+def _legacy_reader(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The reader of a dataset section stored before `dataset.reader` (an older checkpoint's): `format` named it."""
+    fmt = cfg.get("format", "karpathy")
     if fmt == "karpathy":
-        ann = prepare_annotations(dataset_cfg)
-        root = dataset_cfg.get("image_root")
-        return {s: read_karpathy(ann, s, image_root=root) for s in splits}
+        return {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": cfg.get("annotations"),
+                "image_root": cfg.get("image_root")}
     if fmt == "coco":
-        c = dataset_cfg.get("coco")
-        if c is None:
-            raise ValueError("dataset.format=coco needs a dataset.coco section with the caption files "
-                             "(see conf/dataset/coco.yaml)")
-        return read_coco_captions(c.train_captions, c.val_captions, splits, dataset_cfg.image_root,
-                                  c.get("train_images", "train2014"), c.get("val_images", "val2014"),
-                                  c.get("split_file"), int(c.get("num_val", 5000)), int(c.get("num_test", 5000)))
-    raise ValueError(f"dataset.format must be one of {FORMATS}, got {fmt!r}")
+        return {"_target_": "captioning.data.coco_captions.read_coco_captions", "image_root": cfg.get("image_root"),
+                **(cfg.get("coco") or {})}
+    raise ValueError(f"dataset.format must be one of {LEGACY_FORMATS}, got {fmt!r} (or set dataset.reader)")
+
+
+def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
+    """Run the data set's `generate` step if it has one, then read the splits with the reader `dataset.reader` names."""
+    cfg = _plain(dataset_cfg)
+    if cfg.get("generate") is not None:
+        generate, kwargs = registry.resolve("generator", cfg["generate"], "dataset.generate")
+        generate(**kwargs)
+    spec = cfg["reader"] if cfg.get("reader") is not None else _legacy_reader(cfg)
+    reader, kwargs = registry.resolve("reader", spec, "dataset.reader")
+    return reader(splits=list(splits), **kwargs)
 
 
 def build_vocab(records: Sequence[ImageRecord], min_freq: int, max_size: int | None) -> Vocabulary:
@@ -59,14 +64,16 @@ def build_datasets(dataset_cfg: DictConfig, transform: Callable, splits: Sequenc
                    features: FeatureCache | None = None) -> tuple[Vocabulary, dict[str, CaptionDataset]]:
     """Datasets for the splits; the vocabulary is built from `train` unless one is given (e.g. a checkpoint's).
 
-    With a feature cache the data sets yield cached annotation grids instead of images.
+    With a feature cache the data sets yield cached annotation grids instead of images. The `train` split draws
+    dataset.captions_per_image captions of an image each time it is read (evaluation splits need none drawn).
     """
     wanted = list(splits) if vocab is not None or "train" in splits else ["train", *splits]
     records = load_records(dataset_cfg, wanted)
     if vocab is None:
         vocab = build_vocab(records["train"], dataset_cfg.min_word_freq, dataset_cfg.get("max_vocab"))
     max_len = int(dataset_cfg.max_caption_len)
-    data: dict[str, Any] = {s: CaptionDataset(records[s], vocab, transform, max_len, features=features)
+    per_image = {"train": dataset_cfg.get("captions_per_image")}
+    data: dict[str, Any] = {s: CaptionDataset(records[s], vocab, transform, max_len, per_image.get(s), features)
                             for s in splits}
     for s, d in data.items():
         logger.info("%s split: %d images, %d captions", s, len(d), sum(len(c) for c in d.encoded))

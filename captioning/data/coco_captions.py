@@ -1,15 +1,16 @@
 """Raw COCO caption annotations (captions_train2014.json / captions_val2014.json), read through pycocotools.
 
-Split rule (documented in conf/dataset/coco.yaml):
+Split rule (documented in conf/dataset/reader/coco.yaml):
 - with a Karpathy split file (`split_file`, e.g. dataset_coco.json), each image takes the split that file
   gives its COCO id (`restval` counts as train); images the file does not list are left out;
 - without one, every train2014 image is `train`, and the val2014 images, sorted by id, give the first
   `num_val` to `val`, the next `num_test` to `test` and the rest to `train` (Karpathy's "restval").
 
-Bad input: a file that is not valid JSON, lacks the `images`/`annotations` lists, has an image without
-`id`/`file_name`, a duplicate image id, an annotation without `image_id`/`caption`, or an annotation for an
-image id the file does not list is refused with a ValueError naming the file and the entry. Empty captions
-(nothing left after tokenising) are skipped and counted in a warning; so are images left with no caption.
+Bad input: a file that is not UTF-8 or not valid JSON, lacks the `images`/`annotations` lists, has an image
+without an integer `id`/`file_name`, a duplicate image id, an annotation without an integer `id`/`image_id` or a
+string `caption`, a duplicate annotation id, or an annotation for an image id the file does not list is refused
+with a ValueError naming the file, the entry (index and id) and the field, before pycocotools sees the file. Empty
+captions (nothing left after tokenising) are skipped and counted in a warning; so are images left with no caption.
 """
 
 from __future__ import annotations
@@ -20,36 +21,55 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pycocotools.coco import COCO
 
-from captioning.data.karpathy import SPLITS, ImageRecord, load_json
+from captioning.config.constraints import File, Range, constrained
+from captioning.data.jsonio import is_id, load_json
+from captioning.data.records import SPLITS, ImageRecord
 from captioning.data.vocab import tokenize
 
 logger = logging.getLogger(__name__)
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true/false are not image ids
+def _check_images(images: list[Any], path: Path) -> set[int]:
+    """The image ids of `images`, after checking each entry's fields; a ValueError names the entry and field."""
+    ids: dict[int, int] = {}
+    for n, img in enumerate(images):
+        if not isinstance(img, dict) or not is_id(img.get("id")) or not isinstance(img.get("file_name"), str):
+            raise ValueError(f"{path}: images[{n}] is malformed (needs an integer 'id' and a 'file_name'), got "
+                             f"{img!r:.120}")
+        if img["id"] in ids:
+            raise ValueError(f"{path}: images[{n}] (id {img['id']}): 'id' repeats image id {img['id']} of "
+                             f"images[{ids[img['id']]}]")
+        sized = all(is_id(img.get(k)) and img[k] > 0 for k in ("height", "width"))
+        if ("height" in img or "width" in img) and not sized:
+            raise ValueError(f"{path}: images[{n}] (id {img['id']}): 'height' and 'width' must be positive integers, "
+                             f"got {img.get('height')!r:.20} x {img.get('width')!r:.20}")
+        ids[img["id"]] = n
+    return set(ids)
 
 
 def _check_structure(data: Any, path: Path) -> None:
-    """Refuse a captions file pycocotools would crash on (or silently misread), naming the bad entry."""
+    """Refuse a captions file pycocotools would crash on (or silently misread), naming the bad entry and field."""
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("annotations"), list):
         raise ValueError(f"{path}: expected COCO caption annotations with top-level 'images' and 'annotations' lists")
-    ids: set[int] = set()
-    for n, img in enumerate(data["images"]):
-        if not isinstance(img, dict) or not _is_id(img.get("id")) or not isinstance(img.get("file_name"), str):
-            raise ValueError(f"{path}: images[{n}] is malformed (needs an integer 'id' and a 'file_name')")
-        if img["id"] in ids:
-            raise ValueError(f"{path}: images[{n}] repeats image id {img['id']}")
-        ids.add(img["id"])
+    ids = _check_images(data["images"], path)
+    ann_ids: dict[int, int] = {}
     unknown = []
     for n, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or not _is_id(ann.get("image_id")) or not isinstance(ann.get("caption"), str):
-            raise ValueError(f"{path}: annotations[{n}] is malformed (needs an integer 'image_id' and a string 'caption')")
+        if not isinstance(ann, dict) or not is_id(ann.get("image_id")) or not isinstance(ann.get("caption"), str):
+            raise ValueError(f"{path}: annotations[{n}] is malformed (needs an integer 'image_id' and a string "
+                             f"'caption'), got {ann!r:.120}")
+        if not is_id(ann.get("id")):  # pycocotools indexes annotations by it (KeyError without it)
+            raise ValueError(f"{path}: annotations[{n}] (image id {ann['image_id']}): 'id' must be an integer "
+                             f"annotation id, got {ann.get('id')!r:.40}" + ("" if "id" in ann else " (missing)"))
+        if ann["id"] in ann_ids:  # pycocotools would keep only one of the two captions
+            raise ValueError(f"{path}: annotations[{n}] (image id {ann['image_id']}): 'id' repeats annotation id "
+                             f"{ann['id']} of annotations[{ann_ids[ann['id']]}]")
+        ann_ids[ann["id"]] = n
         if ann["image_id"] not in ids:
             unknown.append(ann["image_id"])
     if unknown:
@@ -99,25 +119,32 @@ def _karpathy_splits(split_file: Path) -> dict[int, str]:
     data = load_json(split_file)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ValueError(f"{split_file}: expected a Karpathy split file with a top-level 'images' list")
-    try:
-        return {int(img["cocoid"]): ("train" if img["split"] == "restval" else img["split"]) for img in data["images"]}
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{split_file}: every image needs 'cocoid' and 'split' to split raw COCO captions ({err})") from err
+    splits: dict[int, str] = {}
+    for n, img in enumerate(data["images"]):
+        if not isinstance(img, dict) or not is_id(img.get("cocoid")) or not isinstance(img.get("split"), str):
+            raise ValueError(f"{split_file}: images[{n}] needs an integer 'cocoid' and a string 'split' to split raw "
+                             f"COCO captions, got {img!r:.120}")
+        if img["cocoid"] in splits:
+            raise ValueError(f"{split_file}: images[{n}] (cocoid {img['cocoid']}): 'cocoid' appears more than once")
+        splits[img["cocoid"]] = "train" if img["split"] == "restval" else img["split"]
+    return splits
 
 
-def read_coco_captions(train_captions: str | os.PathLike, val_captions: str | os.PathLike, splits: Sequence[str],
+@constrained
+def read_coco_captions(train_captions: Annotated[str | os.PathLike, File()],
+                       val_captions: Annotated[str | os.PathLike, File()], splits: Sequence[str],
                        image_root: str | os.PathLike, train_images: str = "train2014", val_images: str = "val2014",
-                       split_file: str | os.PathLike | None = None, num_val: int = 5000,
-                       num_test: int = 5000) -> dict[str, list[ImageRecord]]:
+                       split_file: Annotated[str | os.PathLike | None, File()] = None,
+                       num_val: Annotated[int, Range(ge=0)] = 5000,
+                       num_test: Annotated[int, Range(ge=0)] = 5000) -> dict[str, list[ImageRecord]]:
     """Records of the requested splits from raw COCO caption files, split by the rule in the module docstring.
 
     Images are looked up under image_root/train_images/file_name and image_root/val_images/file_name.
+    The `dataset.reader` of conf/dataset/reader/coco.yaml.
     """
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {s!r}")
-    if num_val < 0 or num_test < 0:
-        raise ValueError(f"num_val and num_test must be >= 0, got {num_val} and {num_test}")
     root = Path(image_root)
     sources = [(Path(train_captions), root / train_images), (Path(val_captions), root / val_images)]
     cocos = [load_coco(path) for path, _ in sources]
@@ -135,5 +162,5 @@ def read_coco_captions(train_captions: str | os.PathLike, val_captions: str | os
                   for r in _records(c, sorted(i for i, sp in a.items() if sp == s), folder, path)]
         if not out[s]:
             raise ValueError(f"raw COCO captions {sources[0][0]} + {sources[1][0]}: split {s!r} has no images "
-                             "(check dataset.coco.num_val / num_test or the split file)")
+                             "(check dataset.reader.num_val / num_test or the split file)")
     return out

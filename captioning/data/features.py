@@ -9,17 +9,17 @@ A cache is a folder:
 
 `extract_features` writes a cache and continues an interrupted one where it stopped; `FeatureCache.open`
 reads one and refuses a cache made by another encoder, or one that is not finished, with a clear message.
+meta.json is data: its encoder config is only compared with the model's, never built or imported (SECURITY.md).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -29,7 +29,9 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from captioning import __version__
-from captioning.data.karpathy import ImageError, ImageRecord, load_image, write_json_atomic
+from captioning.data.images import ImageError, load_image
+from captioning.data.jsonio import load_json, write_json_atomic
+from captioning.data.records import ImageRecord
 from captioning.models.encoder import Encoder
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 CACHE_FORMAT = "captioning-features/v1"
 # Weights are identified by their hash, not by how they were obtained (a checkpoint stores pretrained=false).
 _NOT_COMPARED = ("pretrained", "fine_tune")
-HOW_TO_EXTRACT = "python -m captioning.extract_features <the same overrides> dataset.features=PATH"
+HOW_TO_EXTRACT = "captioning-extract-features <the same overrides> dataset.features=PATH"
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -51,9 +53,8 @@ def weights_digest(module: nn.Module) -> str:
 
 def fingerprint(encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What decides the features an encoder computes; two caches are interchangeable iff these are equal."""
-    if isinstance(encoder_cfg, DictConfig):
-        encoder_cfg = OmegaConf.to_container(encoder_cfg, resolve=True)
-    cfg = {k: v for k, v in dict(encoder_cfg).items() if k not in _NOT_COMPARED}
+    plain = OmegaConf.to_container(encoder_cfg, resolve=True) if isinstance(encoder_cfg, DictConfig) else encoder_cfg
+    cfg = {k: v for k, v in dict(cast(Mapping[str, Any], plain)).items() if k not in _NOT_COMPARED}
     return {"format": CACHE_FORMAT, "code_version": __version__, "encoder": cfg,
             "weights_sha256": weights_digest(encoder), "transform": repr(encoder.transform()), "dim": encoder.out_dim}
 
@@ -78,8 +79,8 @@ def _weights_name(encoder: Encoder) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        return load_json(path)
+    except (OSError, ValueError) as err:
         raise ValueError(f"feature cache file {path} is unreadable ({err}); delete the cache folder and extract "
                          "again") from err
 
@@ -129,7 +130,8 @@ class FeatureCache:
                                  f"features do not match this model ({'; '.join(diff)}). Extract a new cache with "
                                  f"{HOW_TO_EXTRACT} (another PATH), or use the encoder settings it was made with")
         image_ids = _read_json(root / "index.json")["image_ids"]
-        progress = _read_json(root / "progress.json") if (root / "progress.json").is_file() else {"rows_done": 0}
+        progress: dict[str, Any] = (_read_json(root / "progress.json") if (root / "progress.json").is_file()
+                                    else {"rows_done": 0})
         if progress["rows_done"] < len(image_ids) or not meta.get("grid"):
             raise ValueError(f"the feature cache {root} is unfinished ({progress['rows_done']} of {len(image_ids)} "
                              f"images): rerun {HOW_TO_EXTRACT} with the same PATH to finish it")
@@ -248,9 +250,10 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
         "format": CACHE_FORMAT, "fingerprint": fp, "weights": _weights_name(encoder), "dtype": "float16",
         "grid": None, "num_images": len(images), "code_version": __version__}
     if not start:
-        write_json_atomic(out / "index.json", {"image_ids": image_ids, "paths": [str(r.path) for r in images]}, indent=1)
+        index = {"image_ids": image_ids, "paths": [str(r.path) for r in images]}
+        write_json_atomic(out / "index.json", index, indent=1)
         write_json_atomic(out / "meta.json", meta, indent=1)
-    state = _read_json(out / "progress.json") if start else {"rows_done": 0, "failed": {}}
+    state: dict[str, Any] = _read_json(out / "progress.json") if start else {"rows_done": 0, "failed": {}}
     grids = np.load(out / "grids.npy", mmap_mode="r+") if (out / "grids.npy").is_file() else None
     device = next(encoder.parameters()).device
     loader = DataLoader(_ImageFiles(images, encoder.transform(), start), batch_size=batch_size,
@@ -274,7 +277,8 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
         state["rows_done"] = batch[-1][0] + 1
         write_json_atomic(out / "progress.json", state, indent=1)
     if grids is None:
-        raise ValueError(f"none of the {len(images)} images could be read (e.g. {next(iter(state['failed'].values()))})")
+        example = next(iter(state["failed"].values()))
+        raise ValueError(f"none of the {len(images)} images could be read (e.g. {example})")
     if state["failed"]:
         logger.warning("%d images could not be read and have no features (they are skipped and counted): %s",
                        len(state["failed"]), "; ".join(list(state["failed"].values())[:5]))
@@ -282,6 +286,7 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
     return FeatureCache.open(out)  # written with this encoder's fingerprint `fp`: no second hash of its weights
 
 
-def open_features(path: str | os.PathLike | None, encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> FeatureCache | None:
+def open_features(path: str | os.PathLike | None, encoder: Encoder,
+                  encoder_cfg: Mapping[str, Any]) -> FeatureCache | None:
     """The cache `dataset.features` names, checked against the model's encoder; None when it is not set."""
     return FeatureCache.open(path, encoder, encoder_cfg) if path else None

@@ -1,68 +1,103 @@
-"""Captioning data in the Karpathy split format (dataset_coco.json, dataset_flickr8k.json, shapes).
+"""The Karpathy split format (dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json, shapes): reader.
 
-An item is one image with all its captions; `collate` stacks images and flattens the captions, with
-`image_index` telling which image each caption belongs to, so each image is encoded once per batch.
+`read_karpathy` checks every entry (types, one entry per image id and per file), whatever its split, and returns
+the requested split's `ImageRecord`s; a bad entry is a ValueError naming the file, the entry, its id and the field.
+`read_karpathy_splits` is the same for several splits: the `dataset.reader` of conf/dataset/reader/karpathy.yaml.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any
 
-import numpy as np
-import torch
-from PIL import Image
-from torch.utils.data import Dataset
-
-from captioning.data.vocab import Vocabulary, tokenize
-
-if TYPE_CHECKING:
-    from captioning.data.features import FeatureCache
+from captioning.config.constraints import File
+from captioning.data.jsonio import is_id, load_json
+from captioning.data.records import SPLITS, ImageRecord, describe
+from captioning.data.vocab import tokenize
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
-
 
 @dataclass
-class ImageRecord:
-    """One image of a split: where it is, its tokenised reference captions and optional object boxes."""
+class _Entry:
+    """One parsed entry of a Karpathy file, whatever its split."""
 
-    image_id: int
-    path: Path
-    captions: list[list[str]]  # tokenised references
-    raw: list[str]  # the references as written
-    word_boxes: dict[str, list[list[float]]] = field(default_factory=dict)  # words naming objects -> boxes
-    size: tuple[int, int] | None = None  # (height, width) if the annotation says
+    split: str
+    record: ImageRecord  # its `captions` are filled in for the entries of the split read
+    tokens: list[list[str] | None]  # each sentence's tokens, or None: tokenise its raw text
+    id_key: str  # the field the image id came from
 
 
-def load_json(path: Path) -> Any:
-    """Parse a JSON annotation file; a missing or invalid file gives an error naming it."""
-    if not path.is_file():
-        raise FileNotFoundError(f"annotation file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from err
+def _parse_entry(img: Any, n: int, json_path: Path, root: Path) -> _Entry:
+    """Check one `images[n]` entry's fields and types; a ValueError names the file, entry, id and field."""
+    id_key = next((k for k in ("cocoid", "id", "imgid") if isinstance(img, dict) and k in img), None)
+    image_id = img[id_key] if id_key else n
+
+    def bad(field: str, problem: str) -> ValueError:
+        where = f"images[{n}]" + (f" (id {image_id!r:.40})" if id_key else "")
+        return ValueError(f"{json_path}: {where}: '{field}' {problem}")
+
+    if not isinstance(img, dict):
+        raise ValueError(f"{json_path}: images[{n}] must be an object, got {describe(img)}")
+    if not is_id(image_id):
+        raise bad(id_key or "id", f"must be an integer image id, got {describe(image_id)}")
+    for key in ("split", "filename"):
+        if not isinstance(img.get(key), str) or not img[key]:
+            raise bad(key, f"must be a non-empty string, got {describe(img.get(key))}" if key in img else "is missing")
+    if not isinstance(img.get("filepath", ""), str):
+        raise bad("filepath", f"must be a string, got {describe(img['filepath'])}")
+    sentences = img.get("sentences")
+    if not isinstance(sentences, list):
+        raise bad("sentences", f"must be a list of {{'raw': ..., 'tokens': [...]}}, got {describe(sentences)}"
+                  if "sentences" in img else "is missing")
+    raw, toks = [], []
+    for k, s in enumerate(sentences):
+        if not isinstance(s, dict):
+            raise bad(f"sentences[{k}]", f"must be an object with 'raw' and/or 'tokens', got {describe(s)}")
+        tokens = s.get("tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise bad(f"sentences[{k}].tokens", f"must be a list of strings, got {describe(tokens)}")
+        text = s.get("raw", " ".join(tokens))
+        if not isinstance(text, str):
+            raise bad(f"sentences[{k}].raw", f"must be a string, got {describe(text)}")
+        raw.append(text)
+        toks.append([t.lower() for t in tokens] if tokens else None)
+    size = None
+    if "height" in img and "width" in img:
+        if not all(is_id(img[k]) and img[k] > 0 for k in ("height", "width")):
+            raise bad("height/width", f"must be positive integers, got {img['height']!r:.20} x {img['width']!r:.20}")
+        size = (img["height"], img["width"])
+    boxes = img.get("word_boxes", {})
+    if not isinstance(boxes, dict):
+        raise bad("word_boxes", f"must be an object (word -> boxes), got {describe(boxes)}")
+    path = root / img.get("filepath", "") / img["filename"]
+    return _Entry(img["split"], ImageRecord(image_id, path, [], raw, dict(boxes), size), toks, id_key or "index")
 
 
-def write_json_atomic(path: Path, data: Any, indent: int | None = None) -> None:
-    """Write JSON through a temporary file and an atomic rename, so an interrupted run never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=indent) + ("\n" if indent is not None else ""), encoding="utf-8")
-    os.replace(tmp, path)
+def _check_unique(entries: Sequence[_Entry], json_path: Path) -> None:
+    """Refuse two entries with one image id, or two entries naming one file: scores and caches key on both."""
+    for what, key in (("image id", lambda e: e.record.image_id), ("image file", lambda e: e.record.path)):
+        counts = Counter(key(e) for e in entries)
+        repeated = [v for v, c in counts.items() if c > 1]
+        if repeated:
+            first = [n for n, e in enumerate(entries) if key(e) == repeated[0]]
+            field_name = entries[first[1]].id_key if what == "image id" else "filepath/filename"
+            raise ValueError(f"{json_path}: images[{first[1]}] (id {entries[first[1]].record.image_id}): "
+                             f"'{field_name}' repeats the {what} {repeated[0]} of images[{first[0]}] "
+                             f"({len(repeated)} {what}s appear more than once); each image must be listed once")
 
 
 def read_karpathy(json_path: str | os.PathLike, split: str, image_root: str | os.PathLike | None = None,
                   train_includes_restval: bool = True) -> list[ImageRecord]:
-    """Read one split of a Karpathy-format file; images are looked up under image_root/filepath/filename."""
+    """Read one split of a Karpathy-format file; images are looked up under image_root/filepath/filename.
+
+    Every entry is checked (types, one entry per image id and per file), whatever its split.
+    """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     json_path = Path(json_path)
@@ -70,27 +105,22 @@ def read_karpathy(json_path: str | os.PathLike, split: str, image_root: str | os
     data = load_json(json_path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ValueError(f"{json_path}: expected a Karpathy split file with a top-level 'images' list")
+    entries = [_parse_entry(img, n, json_path, root) for n, img in enumerate(data["images"])]
+    _check_unique(entries, json_path)
     wanted = {split, "restval"} if split == "train" and train_includes_restval else {split}
     records, empty = [], 0
-    for n, img in enumerate(data["images"]):
-        try:
-            if img["split"] not in wanted:
-                continue
-            sentences = img["sentences"]
-            raw = [s.get("raw", " ".join(s.get("tokens", []))) for s in sentences]
-            toks = [[t.lower() for t in s["tokens"]] if s.get("tokens") else tokenize(r) for s, r in zip(sentences, raw)]
-            image_id = int(img.get("cocoid", img.get("id", img.get("imgid", n))))
-            path = root / img.get("filepath", "") / img["filename"]
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{json_path}: image entry {n} is malformed ({type(err).__name__}: {err})") from err
-        keep = [(t, r) for t, r in zip(toks, raw) if t]
-        empty += len(toks) - len(keep)
-        if not keep:
-            logger.warning("%s: image %s has no non-empty caption; skipped", json_path, image_id)
+    for entry in entries:
+        if entry.split not in wanted:
             continue
-        size = (int(img["height"]), int(img["width"])) if "height" in img and "width" in img else None
-        records.append(ImageRecord(image_id, path, [t for t, _ in keep], [r for _, r in keep],
-                                   dict(img.get("word_boxes", {})), size))
+        r = entry.record
+        captions = [t if t is not None else tokenize(w) for t, w in zip(entry.tokens, r.raw)]
+        keep = [(t, w) for t, w in zip(captions, r.raw) if t]
+        empty += len(captions) - len(keep)
+        if not keep:
+            logger.warning("%s: image %s has no non-empty caption; skipped", json_path, r.image_id)
+            continue
+        r.captions, r.raw = [t for t, _ in keep], [w for _, w in keep]
+        records.append(r)
     if empty:
         logger.warning("%s: skipped %d empty captions in split %s", json_path, empty, split)
     if not records:
@@ -98,108 +128,7 @@ def read_karpathy(json_path: str | os.PathLike, split: str, image_root: str | os
     return records
 
 
-class ImageError(OSError):
-    """An image that cannot be used: missing, empty, corrupt, truncated or too large."""
-
-
-# Larger images are refused (PIL's decompression-bomb guard): 16k x 16k pixels is far beyond any caption data set.
-MAX_IMAGE_PIXELS = 16384 * 16384
-
-
-def _to_rgb(im: Image.Image) -> Image.Image:
-    """RGB from any mode; 16/32-bit grey is rescaled to 8 bits rather than clipped to white."""
-    if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        arr = np.asarray(im, dtype=np.float64)
-        top = 65535.0 if im.mode.startswith("I;16") else max(float(arr.max()), 1.0)
-        im = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
-    return im.convert("RGB")
-
-
-def load_image(path: Path) -> Image.Image:
-    """Open an image as RGB (grey, CMYK, RGBA, 16-bit all handled); an ImageError names the file otherwise."""
-    try:
-        if path.stat().st_size == 0:
-            raise ImageError(f"empty (0-byte) image file: {path}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
-            with Image.open(path) as im:
-                im.load()  # decode now, so a truncated file fails here and not later
-                return _to_rgb(im)
-    except ImageError:
-        raise
-    except FileNotFoundError as err:
-        raise ImageError(f"image file not found: {path}") from err
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as err:
-        raise ImageError(f"cannot read image {path}: {err}") from err
-
-
-class CaptionDataset(Dataset):
-    """Images of one split with their captions encoded as <start> w_1 .. w_n <end>.
-
-    With `features` (a feature cache of a frozen encoder) an item holds the image's cached annotation
-    grid a (L, D) instead of the transformed image; the captioner then skips its encoder.
-    """
-
-    def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, transform: Callable, max_len: int = 20,
-                 captions_per_image: int | None = None, features: FeatureCache | None = None):
-        if captions_per_image is not None and captions_per_image < 1:
-            raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")
-        self.records, self.vocab, self.transform, self.max_len = list(records), vocab, transform, max_len
-        self.captions_per_image, self.features = captions_per_image, features
-        if features is not None:
-            features.require(self.records)
-        self.encoded = [
-            [torch.tensor([vocab.start_id, *vocab.encode(c[:max_len]), vocab.end_id]) for c in r.captions]
-            for r in self.records
-        ]
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        try:
-            record = self.records[i]
-            if self.features is not None:
-                image = self.features[record.image_id]  # (L, D) cached annotation grid
-            else:
-                image = self.transform(load_image(record.path))  # (3, H, W)
-        except ImageError as err:  # counted and reported by the caller, never a crash mid-epoch
-            return {"image": None, "error": str(err), "index": i}
-        captions = self.encoded[i]
-        if self.captions_per_image is not None and len(captions) > self.captions_per_image:
-            # A fresh random subset each time the image is drawn: every caption is seen over the epochs.
-            captions = [captions[j] for j in torch.randperm(len(captions))[: self.captions_per_image].tolist()]
-        return {"image": image, "captions": captions, "index": i}
-
-
-@dataclass
-class Batch:
-    """B images and their N captions."""
-
-    images: torch.Tensor  # (B, 3, H, W) images, or (B, L, D) cached annotation grids
-    captions: torch.Tensor  # (N, T+2) <start> ... <end> <pad>...
-    image_index: torch.Tensor  # (N,) image of each caption
-    indices: list[int]  # dataset index of each image
-    skipped: list[str] = field(default_factory=list)  # why each unreadable image of this batch was left out
-
-    def to(self, device: torch.device | str) -> Batch:
-        """Move tensors to a device."""
-        return Batch(self.images.to(device), self.captions.to(device), self.image_index.to(device), self.indices,
-                     self.skipped)
-
-
-def collate(items: list[dict[str, Any]]) -> Batch:
-    """Stack images and pad all captions of the batch into one (N, T) tensor; unreadable images are left out.
-
-    A batch whose images were all unreadable has no images (`indices` empty); callers count `skipped`.
-    """
-    skipped = [it["error"] for it in items if it["image"] is None]
-    items = [it for it in items if it["image"] is not None]
-    if not items:
-        return Batch(torch.empty(0), torch.empty(0, 0, dtype=torch.long), torch.empty(0, dtype=torch.long), [], skipped)
-    caps = [c for it in items for c in it["captions"]]
-    image_index = torch.tensor([i for i, it in enumerate(items) for _ in it["captions"]])
-    captions = torch.nn.utils.rnn.pad_sequence(caps, batch_first=True, padding_value=Vocabulary.pad_id)
-    return Batch(torch.stack([it["image"] for it in items]), captions, image_index, [it["index"] for it in items],
-                 skipped)
+def read_karpathy_splits(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
+                         image_root: str | os.PathLike | None = None) -> dict[str, list[ImageRecord]]:
+    """The requested splits of a Karpathy split file, by split (`train` includes `restval`)."""
+    return {s: read_karpathy(annotations, s, image_root=image_root) for s in splits}

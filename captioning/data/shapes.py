@@ -8,63 +8,40 @@ attention maps can be scored against ground truth.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, cast
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioning.data.karpathy import write_json_atomic
+from captioning.config.constraints import Range, constrained
+from captioning.data.jsonio import load_json, write_json_atomic
+from captioning.data.shapes_captions import (  # noqa: F401 (re-exported)
+    COLOURS,
+    MAX_CAPTION_TOKENS,
+    RELATION_WORDS,
+    SHAPES,
+    SIZES,
+    ShapeObject,
+    make_captions,
+    word_boxes,
+)
 
 logger = logging.getLogger(__name__)
 
-SHAPES = ("circle", "square", "triangle", "cross")
-COLOURS = ("red", "green", "blue", "yellow")
-SIZES = ("small", "large")
 SPLITS = ("train", "val", "test")
 COLOUR_RGB = {"red": (215, 35, 35), "green": (35, 170, 55), "blue": (40, 70, 215), "yellow": (235, 205, 30)}
-# Relation word in a caption -> which side the first-named object is on ("left" = smaller x).
-RELATION_WORDS = {"left": "left", "right": "right", "above": "above", "below": "below", "under": "below"}
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3  # 3: scene-dependent phrasings (shapes_captions.template_weights)
 JSON_NAME = "dataset_shapes.json"
 META_NAME = "meta.json"
-MAX_CAPTION_TOKENS = 16
 
 _SIZE_FRACTION = {"small": 0.20, "large": 0.32}
 _MARGIN = 3  # free pixels kept around every object, so boxes never touch each other or the border
 _NOISE_STD = 7.0
-_COUNT_WORDS = {2: "two", 3: "three"}
-_REL_PHRASES = {
-    "left": ("to the left of", "on the left of", "left of"),
-    "right": ("to the right of", "on the right of", "right of"),
-    "above": ("above",),
-    "below": ("below", "under"),
-}
-_PICTURE_PREFIXES = ("a picture of", "an image of", "a drawing of")
-
-
-@dataclass(frozen=True)
-class ShapeObject:
-    """One drawn object; ``box`` is (x0, y0, x1, y1) in pixels, x1/y1 exclusive."""
-
-    shape: str
-    colour: str
-    size: str
-    box: tuple[int, int, int, int]
-
-    @property
-    def centre(self) -> tuple[float, float]:
-        """Centre of the box in pixel coordinates."""
-        return ((self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-serialisable form used in the data set file."""
-        return {"shape": self.shape, "colour": self.colour, "size": self.size, "box": list(self.box)}
 
 
 # ----------------------------------------------------------------------------------------- images
@@ -78,7 +55,7 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     out[:] = base
     for grid, offset in ((coarse, 64.0), (fine, 16.0)):
         small = Image.fromarray(np.clip(grid + offset, 0, 255).astype(np.uint8).repeat(3 // grid.shape[2], 2))
-        out += np.asarray(small.resize((size, size), Image.BILINEAR), dtype=np.float32) - offset
+        out += np.asarray(small.resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32) - offset
     return out
 
 
@@ -138,140 +115,17 @@ def render_image(rng: np.random.Generator, image_size: int = 96,
         mask = _draw_mask(shape, x, y, d, image_size)
         colour_rgb = np.asarray(COLOUR_RGB[colour], dtype=np.float32) + rng.uniform(-12, 12, size=3)
         canvas[np.asarray(mask) > 0] = colour_rgb
-        objects.append(ShapeObject(shape, colour, size, tuple(int(v) for v in mask.getbbox())))
+        x0, y0, x1, y1 = cast(tuple[int, int, int, int], mask.getbbox())  # the mask is never empty
+        objects.append(ShapeObject(shape, colour, size, (int(x0), int(y0), int(x1), int(y1))))
     canvas += rng.normal(0.0, _NOISE_STD, size=canvas.shape).astype(np.float32)
     return Image.fromarray(np.clip(canvas + 0.5, 0, 255).astype(np.uint8), "RGB"), objects
 
 
-# --------------------------------------------------------------------------------------- captions
-def spatial_relation(a: ShapeObject, b: ShapeObject) -> str:
-    """Where `a` is relative to `b` along the dominant axis of their centre offset."""
-    dx, dy = a.centre[0] - b.centre[0], a.centre[1] - b.centre[1]
-    if abs(dx) >= abs(dy):
-        return "left" if dx < 0 else "right"
-    return "above" if dy < 0 else "below"
-
-
-def _np(obj: ShapeObject, style: str, det: str = "a") -> str:
-    """Noun phrase; adjectives always precede the noun in the order size, colour."""
-    adjectives = {"full": [obj.size, obj.colour], "colour": [obj.colour], "size": [obj.size], "bare": []}[style]
-    return " ".join([det, *adjectives, obj.shape])
-
-
-def _rel(rng: np.random.Generator, a: ShapeObject, b: ShapeObject) -> str:
-    phrases = _REL_PHRASES[spatial_relation(a, b)]
-    return phrases[int(rng.integers(len(phrases)))]
-
-
-def _listing(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    # Three objects get the short noun phrases so the caption stays within MAX_CAPTION_TOKENS.
-    styles = ("full", "colour") if len(objs) == 2 else ("colour", "size")
-    return " and ".join(_np(o, styles[int(rng.integers(2))]) for o in objs)
-
-
-def reading_order(objects: Sequence[ShapeObject]) -> list[ShapeObject]:
-    """Objects in the order captions name them: left to right; a vertical pair top to bottom.
-
-    A fixed naming order, as people tend to have, makes *where* the next object is part of the caption,
-    so a captioner has to look at the right place to continue it.
-    """
-    if len(objects) == 2 and spatial_relation(objects[0], objects[1]) in ("above", "below"):
-        return sorted(objects, key=lambda o: o.centre[1])
-    return sorted(objects, key=lambda o: o.centre[0])
-
-
-def _pick(rng: np.random.Generator, objects: Sequence[ShapeObject], n: int) -> list[ShapeObject]:
-    chosen = [objects[int(i)] for i in rng.permutation(len(objects))[:n]]
-    return reading_order(chosen)
-
-
-_Template = Callable[[np.random.Generator, Sequence[ShapeObject]], str]
-
-
-def _t_rel_full(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"{_np(a, 'full')} {_rel(rng, a, b)} {_np(b, 'full')}"
-
-
-def _t_there_is(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"there is {_np(a, 'colour')} {_rel(rng, a, b)} {_np(b, 'colour')}"
-
-
-def _t_the_is(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"{_np(a, 'colour', 'the')} is {_rel(rng, a, b)} {_np(b, 'full', 'the')}"
-
-
-def _t_rel_size(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"{_np(a, 'size')} {_rel(rng, a, b)} {_np(b, 'size')}"
-
-
-def _t_sits(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"{_np(a, 'colour')} sits {_rel(rng, a, b)} {_np(b, 'size')}"
-
-
-def _t_bare_rel(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"{_np(a, 'bare')} {_rel(rng, a, b)} {_np(b, 'full')}"
-
-
-def _t_pair(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    return _listing(rng, _pick(rng, objs, 2))
-
-
-def _t_count(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    shown = _pick(rng, objs, int(rng.integers(2, len(objs) + 1)))
-    return f"{_COUNT_WORDS[len(objs)]} shapes including {_listing(rng, shown)}"
-
-
-def _t_picture(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    prefix = _PICTURE_PREFIXES[int(rng.integers(len(_PICTURE_PREFIXES)))]
-    return f"{prefix} {_listing(rng, _pick(rng, objs, len(objs)))}"
-
-
-def _t_background(rng: np.random.Generator, objs: Sequence[ShapeObject]) -> str:
-    a, b = _pick(rng, objs, 2)
-    return f"{_np(a, 'colour')} and {_np(b, 'colour')} on a noisy background"
-
-
-TEMPLATES: tuple[_Template, ...] = (
-    _t_rel_full, _t_there_is, _t_the_is, _t_rel_size, _t_sits,
-    _t_bare_rel, _t_pair, _t_count, _t_picture, _t_background,
-)
-# Some phrasings are more common than others, as in real caption data (drawn without replacement).
-_TEMPLATE_WEIGHTS = np.array([6, 4, 1, 1, 1, 1, 4, 1, 2, 1], dtype=float) / 22
-
-
-def make_captions(rng: np.random.Generator, objects: Sequence[ShapeObject], count: int = 5) -> list[str]:
-    """`count` distinct truthful captions, cycling through the templates in a random order."""
-    order = rng.choice(len(TEMPLATES), size=len(TEMPLATES), replace=False, p=_TEMPLATE_WEIGHTS)
-    captions: list[str] = []
-    for attempt in range(100 * count):
-        caption = TEMPLATES[order[attempt % len(order)]](rng, objects)
-        if caption not in captions and len(caption.split()) <= MAX_CAPTION_TOKENS:
-            captions.append(caption)
-            if len(captions) == count:
-                return captions
-    raise RuntimeError(f"could not make {count} distinct captions for {objects}")
-
-
-def word_boxes(objects: Sequence[ShapeObject]) -> dict[str, list[list[int]]]:
-    """Boxes named by each shape noun and colour word present, in canonical (SHAPES, COLOURS) order."""
-    boxes: dict[str, list[list[int]]] = {}
-    for word in (*SHAPES, *COLOURS):
-        named = [list(o.box) for o in objects if word in (o.shape, o.colour)]
-        if named:
-            boxes[word] = named
-    return boxes
-
-
 # ---------------------------------------------------------------------------------------- on disk
 def _read_json(path: Path) -> Any:
+    """The file's JSON, or None when it is missing or unreadable (the data set is then generated again)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path)
     except (OSError, ValueError):
         return None
 
@@ -288,9 +142,12 @@ def _image_entry(imgid: int, split: str, filename: str, image_size: int, objects
     }
 
 
-def build_shapes(root: str | os.PathLike, *, seed: int = 0, num_train: int = 4000, num_val: int = 250,
-                 num_test: int = 250, image_size: int = 96, captions_per_image: int = 5,
-                 object_scale: float = 1.0) -> Path:
+@constrained
+def build_shapes(root: str | os.PathLike, *, seed: Annotated[int, Range(ge=0)] = 0,
+                 num_train: Annotated[int, Range(ge=1)] = 4000, num_val: Annotated[int, Range(ge=1)] = 250,
+                 num_test: Annotated[int, Range(ge=1)] = 250, image_size: Annotated[int, Range(ge=32)] = 96,
+                 captions_per_image: Annotated[int, Range(ge=1, le=20)] = 5,
+                 object_scale: Annotated[float, Range(ge=0.5, le=1.5)] = 1.0) -> Path:
     """Generate the shapes data set under `root` (idempotent) and return the path of its JSON file.
 
     `object_scale` multiplies the object sizes (small: 0.20, large: 0.32 of the image side).
@@ -304,8 +161,6 @@ def build_shapes(root: str | os.PathLike, *, seed: int = 0, num_train: int = 400
     if json_path.exists() and _read_json(root / META_NAME) == meta:
         logger.debug("shapes data set already present at %s", json_path)
         return json_path
-    if min(counts.values()) < 0 or image_size < 32 or not 1 <= captions_per_image <= 20 or not 0.5 <= object_scale <= 1.5:
-        raise ValueError(f"invalid shapes parameters: {params}")
 
     start = time.perf_counter()
     image_dir = root / "images"

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
-
-from nltk.tokenize import TreebankWordTokenizer
+from collections.abc import Callable, Iterable, Sequence
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
 
-_treebank = TreebankWordTokenizer()
 # Tokens that are pure punctuation are dropped, as coco-caption does before scoring.
 _punct = re.compile(r"^[^\w]+$")
 
 
+@functools.cache
+def _treebank() -> Callable[[str], list[str]]:
+    """NLTK's Treebank tokenizer, imported on first use (reading files that carry tokens never needs it)."""
+    from nltk.tokenize import TreebankWordTokenizer
+
+    return TreebankWordTokenizer().tokenize
+
+
 def tokenize(text: str) -> list[str]:
     """Lower-case a caption and split it into PTB-style word tokens without punctuation."""
-    return [t for t in _treebank.tokenize(text.lower()) if not _punct.match(t)]
+    return [t for t in _treebank()(text.lower()) if not _punct.match(t)]
 
 
 class Vocabulary:
@@ -41,7 +47,8 @@ class Vocabulary:
             raise ValueError(f"min_freq must be >= 1, got {min_freq}")
         counts = Counter(w for tokens in captions for w in tokens)
         # Sort by (-count, word) so the vocabulary does not depend on caption order.
-        ranked = sorted((w for w, c in counts.items() if c >= min_freq and w not in SPECIALS), key=lambda w: (-counts[w], w))
+        kept = (w for w, c in counts.items() if c >= min_freq and w not in SPECIALS)
+        ranked = sorted(kept, key=lambda w: (-counts[w], w))
         if max_size is not None:
             ranked = ranked[: max(0, max_size - len(SPECIALS))]
         if not ranked:

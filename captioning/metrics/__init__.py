@@ -8,30 +8,60 @@
 * :func:`ptb_tokenize` - coco-caption's PTB tokenization in pure Python (used when Java is missing).
 * :func:`attention_correctness` / :func:`attention_mass_in_boxes` - share of attention on the
   named object's boxes.
+
+Every name is imported on first use (PEP 562), so ``from captioning.metrics import CiderD`` loads only
+the CIDEr module: scoring text (``captioning-score``) never imports the attention-correctness code and,
+through it, pycocotools and torch.
 """
 
-from captioning.metrics.attention import attention_correctness, attention_mass_in_boxes, box_coverage
-from captioning.metrics.coco_attention import CocoInstances, category_mentions, coco_attention_correctness
-from captioning.metrics.cider import CiderD
-from captioning.metrics.coco import TOKENIZERS, VALID_METRICS, CaptionScores, java_ptb_tokenize, score_captions
-from captioning.metrics.fast_scores import bleu, rouge_l
-from captioning.metrics.tokenizer import PUNCTUATIONS, ptb_tokenize
+from __future__ import annotations
 
-__all__ = [
-    "CaptionScores",
-    "score_captions",
-    "CiderD",
-    "bleu",
-    "rouge_l",
-    "java_ptb_tokenize",
-    "ptb_tokenize",
-    "PUNCTUATIONS",
-    "VALID_METRICS",
-    "TOKENIZERS",
-    "attention_correctness",
-    "attention_mass_in_boxes",
-    "box_coverage",
-    "CocoInstances",
-    "category_mentions",
-    "coco_attention_correctness",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "CaptionScores": "coco",
+    "score_captions": "coco",
+    "java_ptb_tokenize": "coco",
+    "VALID_METRICS": "coco",
+    "TOKENIZERS": "coco",
+    "CiderD": "cider",
+    "bleu": "fast_scores",
+    "rouge_l": "fast_scores",
+    "ptb_tokenize": "tokenizer",
+    "PUNCTUATIONS": "tokenizer",
+    "attention_correctness": "attention",
+    "attention_mass_in_boxes": "attention",
+    "box_coverage": "attention",
+    "CocoInstances": "coco_attention",
+    "category_mentions": "coco_attention",
+    "coco_attention_correctness": "coco_attention",
+    "caption_diversity": "diversity",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily below
+    from captioning.metrics.attention import attention_correctness, attention_mass_in_boxes, box_coverage
+    from captioning.metrics.cider import CiderD
+    from captioning.metrics.coco import TOKENIZERS, VALID_METRICS, CaptionScores, java_ptb_tokenize, score_captions
+    from captioning.metrics.coco_attention import CocoInstances, category_mentions, coco_attention_correctness
+    from captioning.metrics.diversity import caption_diversity
+    from captioning.metrics.fast_scores import bleu, rouge_l
+    from captioning.metrics.tokenizer import PUNCTUATIONS, ptb_tokenize
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule defining a public name on first access, and cache the name here."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's attributes, lazy public names included."""
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class CiderD:
         sigma: standard deviation of the Gaussian length penalty.
     """
 
-    def __init__(self, references: Mapping[Hashable, Sequence[str]], n: int = 4, sigma: float = 6.0) -> None:
+    def __init__(self, references: Mapping[Any, Sequence[str]], n: int = 4, sigma: float = 6.0) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not isinstance(references, Mapping) or not references:
@@ -149,9 +150,9 @@ class CiderD:
         self._ref_norm = np.sqrt(np.bincount(grams.sent * n + grams.order, weights=w2,
                                              minlength=len(sentences) * n)).reshape(-1, n)  # (R, n)
         self._ref_length = np.maximum(lens - 1, 0) if n >= 2 else np.zeros_like(lens)  # number of bigrams
-        key = image * self._num_grams + gid  # lookup table of reference n-grams, by (image, n-gram, reference)
-        order = np.argsort(key, kind="stable")  # rows are already sorted by reference
-        self._table_key, self._table_ref, self._table_w = key[order], grams.sent[order], w[order]
+        table = image * self._num_grams + gid  # lookup table of reference n-grams, by (image, n-gram, reference)
+        order = np.argsort(table, kind="stable")  # rows are already sorted by reference
+        self._table_key, self._table_ref, self._table_w = table[order], grams.sent[order], w[order]
 
     @property
     def document_frequency(self) -> dict[tuple[str, ...], int]:
@@ -185,7 +186,7 @@ class CiderD:
                 self._penalty_cache[d] = np.e ** (-(float(d) ** 2) / (2 * self.sigma ** 2))
         return np.array([self._penalty_cache[d] for d in uniq.tolist()], dtype=np.float64)[inv]
 
-    def _image_index(self, image_ids: Sequence[Hashable]) -> np.ndarray:
+    def _image_index(self, image_ids: Sequence[Any]) -> np.ndarray:
         try:
             return np.array([self._index[key] for key in image_ids], dtype=np.int64)
         except KeyError as err:
@@ -220,7 +221,7 @@ class CiderD:
         entry = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
         return np.repeat(rows, count), self._table_ref[entry], self._table_w[entry]
 
-    def score_many(self, image_ids: Sequence[Hashable], captions: Sequence[str]) -> np.ndarray:
+    def score_many(self, image_ids: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
         """CIDEr-D of each tokenized caption against the references of the image id beside it."""
         if len(image_ids) != len(captions):
             raise ValueError(f"got {len(image_ids)} image ids but {len(captions)} captions")
@@ -260,7 +261,7 @@ class CiderD:
                                 minlength=num * n).reshape(num, n)  # summed over references in order
         return np.mean(per_order, axis=1) / nrefs * 10.0
 
-    def score(self, candidates: Mapping[Hashable, str]) -> tuple[float, np.ndarray]:
+    def score(self, candidates: Mapping[Any, str]) -> tuple[float, np.ndarray]:
         """(corpus CIDEr-D, per-image scores in `candidates`' order), as ``Cider().compute_score`` returns."""
         if not candidates:
             raise ValueError("no candidate captions to score")

@@ -7,7 +7,7 @@ tokenizer jar that pycocoevalcap ships, with the same options and post-processin
 ``COCOEvalCap.evaluate`` does.  METEOR (and SPICE) run pycocoevalcap's own scorers; BLEU, ROUGE-L and
 CIDEr-D run the array re-implementations in :mod:`captioning.metrics.fast_scores` and
 :mod:`captioning.metrics.cider`, which give the same numbers as pycocoevalcap's ``Bleu(4)``,
-``Rouge()`` and ``Cider()`` to the last bit (``tests/test_metrics_parity.py``) several times faster
+``Rouge()`` and ``Cider()`` to the last bit (``tests/metrics/test_metrics_parity.py``) several times faster
 (``experiments/bench_scoring.py``).  The numbers are therefore the ones papers report.
 
 Behaviour worth knowing:
@@ -27,6 +27,9 @@ Behaviour worth knowing:
   scored as coco-caption scores them: pycocoevalcap's scorers accept empty hypotheses and give such an
   image 0 for every metric (its n-gram counts are zero), while its references still count in BLEU's
   corpus-level brevity penalty and in CIDEr's document frequencies.  No special rule is applied.
+* References that are all empty after tokenizing, for some images or all of them, give a logged warning;
+  the scores are still computed exactly as coco-caption computes them (for all-empty references that
+  is a BLEU near 0, such as 1e-16, and 0 elsewhere), never silently re-defined.
 * Line breaks inside a caption are replaced by spaces before tokenizing (pycocoevalcap does this for
   ``"\\n"`` only; other line-break characters would make its tokenizer output misaligned).
 """
@@ -72,7 +75,7 @@ class CaptionScores:
     """Corpus-level and per-image caption scores, with coco-caption's metric names."""
 
     overall: dict[str, float]  # keys among Bleu_1..Bleu_4, METEOR, ROUGE_L, CIDEr, SPICE
-    per_image: dict[Hashable, dict[str, float]]
+    per_image: dict[Any, dict[str, float]]  # keyed by the caller's image ids
     tokenizer: str  # "ptb-java" or "python"
     skipped: dict[str, str] = field(default_factory=dict)  # metric name -> why it was not computed
 
@@ -97,8 +100,8 @@ def _normalise_metrics(metrics: Sequence[str]) -> list[str]:
 _Captions = dict[Hashable, list[str]]
 
 
-def _validate(candidates: Mapping[Hashable, str],
-              references: Mapping[Hashable, Sequence[str]]) -> tuple[_Captions, _Captions]:
+def _validate(candidates: Mapping[Any, str],
+              references: Mapping[Any, Sequence[str]]) -> tuple[_Captions, _Captions]:
     """(gts, res) in coco-caption's layout, over the candidates' ids, after checking the inputs."""
     if not isinstance(candidates, Mapping) or not isinstance(references, Mapping):
         raise ValueError("candidates and references must be mappings from image id to caption(s)")
@@ -144,7 +147,7 @@ def _ptb_jar() -> str:
     return os.path.join(folder, ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
 
 
-def java_ptb_tokenize(captions: Mapping[Hashable, Sequence[str]], java: str = "java") -> dict[Hashable, list[str]]:
+def java_ptb_tokenize(captions: Mapping[Any, Sequence[str]], java: str = "java") -> dict[Hashable, list[str]]:
     """coco-caption's ``PTBTokenizer().tokenize`` on plain strings, run robustly.
 
     Same jar, command line (``edu.stanford.nlp.process.PTBTokenizer -preserveLines -lowerCase``),
@@ -169,8 +172,7 @@ def java_ptb_tokenize(captions: Mapping[Hashable, Sequence[str]], java: str = "j
             f.write("\n".join(lines).encode("utf-8"))
         cmd = [java, *_JVM_OPTIONS, "-cp", _ptb_jar(), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines",
                "-lowerCase", path]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                              check=False)
+        proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, check=False)
     finally:
         os.remove(path)
     err = proc.stderr.decode("utf-8", "replace").strip()
@@ -241,7 +243,20 @@ def _run_spice(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -
     return float(score), per
 
 
-def score_captions(candidates: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]],
+def _warn_empty_references(gts: Mapping[Any, Sequence[str]]) -> None:
+    """A warning for images whose references all tokenize to nothing: they are scored anyway, as coco-caption does."""
+    empty = [key for key, caps in gts.items() if not any(c.strip() for c in caps)]
+    if len(empty) == len(gts):
+        logger.warning("every reference caption is empty after tokenizing: the scores are computed as coco-caption "
+                       "computes them (BLEU near 0, such as 1e-16, CIDEr and ROUGE-L 0) but mean nothing; check "
+                       "the reference file")
+    elif empty:
+        logger.warning("%d of %d images have only empty reference captions after tokenizing (e.g. image %r); they "
+                       "are scored as coco-caption scores them (about 0 on every metric) and still count in the "
+                       "averages and in corpus BLEU's length statistics", len(empty), len(gts), empty[0])
+
+
+def score_captions(candidates: Mapping[Any, str], references: Mapping[Any, Sequence[str]],
                    metrics: Sequence[str] = ("bleu", "meteor", "rouge", "cider"),
                    tokenizer: str = "auto") -> CaptionScores:
     """Score candidate captions against references exactly as the coco-caption toolkit does.
@@ -276,9 +291,10 @@ def score_captions(candidates: Mapping[Hashable, str], references: Mapping[Hasha
         gts = ptb_tokenize(gts_raw)
         res = ptb_tokenize(res_raw)
 
+    _warn_empty_references(gts)
     ids = list(res)
     overall: dict[str, float] = {}
-    per_image: dict[Hashable, dict[str, float]] = {k: {} for k in ids}
+    per_image: dict[Any, dict[str, float]] = {k: {} for k in ids}
     skipped: dict[str, str] = {}
 
     def record(name: str, score: float, scores: Sequence[float]) -> None:
@@ -286,11 +302,13 @@ def score_captions(candidates: Mapping[Hashable, str], references: Mapping[Hasha
         for key, value in zip(ids, scores):
             per_image[key][name] = float(value)
 
+    score: float
+    scores: Any  # per image: a list, or an array from the fast scorers
     for metric in wanted:
         if metric == "bleu":
-            score, scores = bleu(gts, res, n=4)
+            bleu_n, bleu_n_per_image = bleu(gts, res, n=4)  # BLEU-1..4
             for n, name in enumerate(VALID_METRICS["bleu"]):
-                record(name, score[n], scores[n])
+                record(name, bleu_n[n], bleu_n_per_image[n])
         elif metric == "rouge":
             score, scores = rouge_l(gts, res)
             record("ROUGE_L", score, scores)

@@ -23,7 +23,6 @@ instead of resampling it.  The word's share is ``sum_cells alpha * coverage / su
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from captioning.data.coco_captions import coco_index
+from captioning.data.jsonio import load_json
 from captioning.metrics.coco_words import CATEGORY_WORDS, COCO_CATEGORY_IDS
 
 __all__ = ["WORD_CATEGORIES", "category_mentions", "View", "ViewGeometry", "full_image", "resize_center_crop",
@@ -201,10 +201,7 @@ class CocoInstances:
     def _read(self) -> dict[str, Any]:
         if not self.path.is_file():
             raise FileNotFoundError(f"instances file not found: {self.path}")
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{self.path} is not a valid JSON instances file ({err})") from err
+        data = load_json(self.path)
         need = {"images": ("id", "height", "width"), "annotations": ("image_id", "category_id", "segmentation"),
                 "categories": ("id", "name")}
         if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in need):

@@ -13,8 +13,8 @@ characters.  :mod:`captioning.metrics.ptb_rules` re-implements the scanner's rul
 English captions; this module runs them in that same longest-match discipline and scans all captions
 as one newline-joined stream, as the Java tool does.  The rules mirror the macros of CoreNLP's
 ``PTBLexer.flex`` grammar as they behave in version 3.4.1 and were checked token by token against
-the real ``stanford-corenlp-3.4.1.jar`` shipped with pycocoevalcap (see ``tests/test_metrics.py`` and
-``tests/test_tokenizer.py``).  NLTK's ``TreebankWordTokenizer`` was the first candidate, but its
+the real ``stanford-corenlp-3.4.1.jar`` shipped with pycocoevalcap (see ``tests/metrics/test_metrics.py`` and
+``tests/metrics/test_tokenizer.py``).  NLTK's ``TreebankWordTokenizer`` was the first candidate, but its
 regular-expression pipeline disagrees with the Java scanner on common caption text (sentence-internal
 periods such as ``"a dog. A cat"``, single-letter abbreviations such as ``"the letter a."``,
 ``"AT&T"`` versus ``"at&t"``, ``"!!"`` and ``"?!"`` runs, bracket names, quote and URL handling), so
@@ -58,24 +58,23 @@ expression calls per character.  :func:`_scan` gives the same tokens ~15x faster
 plain ASCII words separated by spaces are split off by one regular expression (no longer match can
 start there, see :data:`_PLAIN_RUN`), and elsewhere only the rules whose pattern can begin with the
 character at hand are tried (:class:`_RulesByFirstChar`, derived from the patterns themselves, so it
-cannot drift from :data:`~captioning.metrics.ptb_rules.RULES`).  ``tests/test_tokenizer.py`` checks
+cannot drift from :data:`~captioning.metrics.ptb_rules.RULES`).  ``tests/metrics/test_tokenizer.py`` checks
 that both scanners agree on many thousands of captions and adversarial strings.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 from captioning.metrics.ptb_rules import RULES, SPACE, Action
 
-try:  # the regular-expression parser, to find the characters each rule can start with
-    from re import _constants as _sre
-    from re import _parser as _sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _sre  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+# The regular-expression parser (private modules, untyped), to find the characters each rule can start with.
+_sre: Any = importlib.import_module("re._constants")
+_sre_parse: Any = importlib.import_module("re._parser")
 
 __all__ = ["PUNCTUATIONS", "ptb_tokenize", "clean_caption", "strip_punctuation"]
 
@@ -134,18 +133,18 @@ def _first_of_sequence(items: Iterable[tuple[object, object]], flags: int) -> tu
     return firsts, True
 
 
-def _first_of_item(op: object, arg: object, flags: int) -> tuple[list[str], bool]:
+def _first_of_item(op: object, arg: Any, flags: int) -> tuple[list[str], bool]:
     """:func:`_first_of_sequence` for one parsed item; one-character patterns keep the item's flags."""
     case = "(?i:{})" if flags & re.IGNORECASE else "{}"
     if op is _sre.LITERAL:
-        return [case.format(_char(arg))], False  # type: ignore[arg-type]
+        return [case.format(_char(arg))], False
     if op is _sre.NOT_LITERAL:
-        return [case.format(f"[^{_char(arg)}]")], False  # type: ignore[arg-type]
+        return [case.format(f"[^{_char(arg)}]")], False
     if op is _sre.ANY:
         return [r"[\s\S]"], False
     if op is _sre.IN:
-        body = []
-        for kind, value in arg:  # type: ignore[attr-defined]
+        body: list[str] = []
+        for kind, value in arg:
             if kind is _sre.NEGATE:
                 body.insert(0, "^")
             elif kind is _sre.LITERAL:
@@ -158,16 +157,17 @@ def _first_of_item(op: object, arg: object, flags: int) -> tuple[list[str], bool
                 raise _AnyStart(kind)
         return [case.format("[" + "".join(body) + "]")], False
     if op is _sre.BRANCH:
-        firsts, empty = [], False
-        for branch in arg[1]:  # type: ignore[index]
+        firsts: list[str] = []
+        empty = False
+        for branch in arg[1]:
             more, branch_empty = _first_of_sequence(branch, flags)
             firsts, empty = firsts + more, empty or branch_empty
         return firsts, empty
     if op is _sre.SUBPATTERN:
-        _, add_flags, del_flags, sub = arg  # type: ignore[misc]
+        _, add_flags, del_flags, sub = arg
         return _first_of_sequence(sub, (flags | add_flags) & ~del_flags)
     if op in _REPEATS:
-        low, _, sub = arg  # type: ignore[misc]
+        low, _, sub = arg
         firsts, empty = _first_of_sequence(sub, flags)
         return firsts, empty or low == 0
     if op in _ZERO_WIDTH:  # look-arounds only narrow the match: ignoring them keeps a superset

@@ -2,26 +2,37 @@
 
 Every attention module has the same interface so that Hydra can swap them:
     keys = attn.prepare(a, grid)                # once per image; grid = (h, w) with L = h * w
-    out = attn(a, keys, h, mask, prev_alpha)    # once per step -> out.context (B, D), out.alpha (B, L)
+    out = attn(a, keys, h, mask, prev_alpha)    # once per step -> out.context (N, D), out.alpha (N, L)
+
+h (N, n) may hold k consecutive rows per image of a (B, L, D), keys and mask (N = B k, row r is image r // k):
+beam search attends from the k beams of an image, and training from the k captions of an image, without copying
+a, keys or mask k times. With k = 1 (one row per image) this is the plain per-row attention.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
+
+from captioning.config.constraints import Range, constrained
+
+TestMode = Literal["expectation", "argmax", "sample"]  # hard attention at test time
 
 
 @dataclass
 class AttentionOutput:
     """One attention step: the context z_t and the weights alpha_t (plus sampling terms for hard attention)."""
 
-    context: torch.Tensor  # (B, D)
-    alpha: torch.Tensor  # (B, L), sums to 1 over unmasked regions
-    log_prob: torch.Tensor | None = None  # (B,) log p(s_t | a) of a sampled region
-    entropy: torch.Tensor | None = None  # (B,) H(alpha_t)
-    index: torch.Tensor | None = None  # (B,) the sampled / chosen region
+    context: torch.Tensor  # (N, D)
+    alpha: torch.Tensor  # (N, L), sums to 1 over unmasked regions
+    log_prob: torch.Tensor | None = None  # (N,) log p(s_t | a) of a sampled region
+    entropy: torch.Tensor | None = None  # (N,) H(alpha_t)
+    index: torch.Tensor | None = None  # (N,) the sampled / chosen region
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -29,6 +40,118 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)
+
+
+def rows_per_image(images: int, rows: int) -> int:
+    """k such that `rows` = images * k query rows hold k consecutive rows per image."""
+    if images == 0:
+        return 1
+    if rows % images:
+        raise ValueError(f"attention got {rows} query rows for {images} images; rows must be a multiple of images")
+    return rows // images
+
+
+def row_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """alpha (N, L) from scores (N, L) and a mask per row (N, L) or per image (B, L), k = N / B rows each."""
+    if mask is None or mask.shape[0] == scores.shape[0]:
+        return masked_softmax(scores, mask)
+    B, L = mask.shape
+    return masked_softmax(scores.view(B, -1, L), mask.unsqueeze(1)).view(-1, L)  # (B, k, L) -> (N, L)
+
+
+def attend(a: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None) -> AttentionOutput:
+    """alpha = masked softmax of the scores (N, L); context z = sum_i alpha_i a_i (N, D) for a (B, L, D)."""
+    alpha = row_softmax(scores, mask)  # (N, L)
+    B, L, D = a.shape
+    context = torch.bmm(alpha.view(B, -1, L), a)  # (B, k, L) @ (B, L, D) -> (B, k, D)
+    return AttentionOutput(context.view(-1, D), alpha)  # (N, D)
+
+
+_CHUNK_ELEMENTS = 1 << 19  # (rows, L, A) chunks of 2 MiB in float32: the hidden layer stays in a core's L2 cache
+
+
+def _chunk(keys: torch.Tensor, k: int) -> int:
+    """Images per chunk of the (B, k, L, A) hidden layer: a cache-sized piece on a CPU, everything on a GPU."""
+    B, L, A = keys.shape
+    return B if keys.device.type != "cpu" else max(1, _CHUNK_ELEMENTS // (k * L * A))
+
+
+def _hidden(keys: torch.Tensor, q: torch.Tensor, i: int, j: int, buf: torch.Tensor) -> torch.Tensor:
+    """s = tanh(keys_i + q) for images i..j-1, written into buf: (j - i, k, L, A)."""
+    s = buf[: j - i]
+    return torch.add(keys[i:j].unsqueeze(1), q[i:j].unsqueeze(2), out=s).tanh_()  # (b, k, L, A)
+
+
+class _AdditiveScore(torch.autograd.Function):
+    """e = w^T tanh(keys_i + q) + b for k queries per image, a few images at a time in one reused buffer.
+
+    A hidden layer (B, k, L, A) larger than one chunk is not stored: the backward recomputes it chunk by chunk (an
+    add and a tanh), which on a CPU costs less than writing it to fresh memory and reading it back, and saves
+    B k L A floats a step. One that fits in a chunk is kept (recomputing it would cost more than keeping it).
+    """
+
+    @staticmethod
+    def forward(ctx, keys, q, w, b):  # keys (B, L, A), q (B, k, A), w (A,), b (1,) or None
+        e, hidden = _scores(keys, q, w, b)
+        ctx.save_for_backward(keys, q, w, hidden)
+        ctx.has_bias = b is not None
+        return e
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, de):  # de (B, k, L)
+        keys, q, w, hidden = ctx.saved_tensors
+        (B, L, A), k, need = keys.shape, q.shape[1], ctx.needs_input_grad
+        dtype = torch.result_type(keys, q)
+        de, w_ = de.to(dtype), w.to(dtype)
+        dkeys = keys.new_empty((B, L, A), dtype=dtype) if need[0] else None
+        dq = q.new_empty((B, k, A), dtype=dtype) if need[1] else None
+        dw = keys.new_zeros((A, 1), dtype=dtype)
+        per = _chunk(keys, k)
+        buf = keys.new_empty((min(per, B), k, L, A), dtype=dtype) if hidden.numel() == 0 else hidden
+        grad = buf if k == 1 and dkeys is not None else torch.empty_like(buf)  # unused for k = 1
+        for i in range(0, B, per):
+            j = min(B, i + per)
+            s = hidden if hidden.numel() else _hidden(keys, q, i, j, buf)  # (b, k, L, A)
+            de_c = de[i:j]  # (b, k, L)
+            # with one query per image, d keys is d s itself: written in place, no copy
+            g = dkeys[i:j].unsqueeze(1) if k == 1 and dkeys is not None else grad[: j - i]  # (b, k, L, A)
+            dw.addmm_(s.view(-1, A).t(), de_c.reshape(-1, 1))  # (A, b k L) @ (b k L, 1)
+            torch.mul(de_c.unsqueeze(-1), w_, out=g)  # d e / d s
+            torch.ops.aten.tanh_backward.grad_input(g, s, grad_input=g)  # in place: g * (1 - s^2)
+            if k > 1 and dkeys is not None:
+                torch.sum(g, 1, out=dkeys[i:j])  # (b, L, A)
+            if dq is not None:
+                torch.sum(g, 2, out=dq[i:j])  # (b, k, A)
+        db = de.sum().view(1) if ctx.has_bias and need[3] else None
+        return dkeys, dq, dw.view(A) if need[2] else None, db
+
+
+def _scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor,
+            b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """e (B, k, L) = w^T tanh(keys + q) + b chunk by chunk without autograd, and the hidden layer tanh(keys + q)
+    (B, k, L, A) when it fits in one chunk (else an empty tensor)."""
+    (B, L, A), k = keys.shape, q.shape[1]
+    dtype = torch.result_type(keys, q)
+    per = _chunk(keys, k)
+    buf = keys.new_empty((min(per, B), k, L, A), dtype=dtype)
+    e = keys.new_empty((B, k, L), dtype=dtype)
+    w = w.to(dtype).view(A, 1)
+    for i in range(0, B, per):
+        j = min(B, i + per)
+        e[i:j] = torch.mm(_hidden(keys, q, i, j, buf).view(-1, A), w).view(j - i, k, L)  # (b k L, A) @ (A, 1)
+    e = e if b is None else e.add_(b.to(dtype))
+    return e, buf if per >= B else buf.new_empty(0)
+
+
+def additive_scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor,
+                    b: torch.Tensor | None = None) -> torch.Tensor:
+    """e_ti = w^T tanh(keys_i + q_t) + b: (N, L) for keys (B, L, A) and queries q (N, A), k = N / B per image."""
+    B, L, A = keys.shape
+    q = q.view(B, -1, A)  # (N, A) -> (B, k, A)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (keys, q, w, b)):
+        return _AdditiveScore.apply(keys, q, w, b).view(-1, L)  # (B, k, L) -> (N, L)
+    return _scores(keys, q, w, b)[0].view(-1, L)  # (N, L)
 
 
 class Attention(nn.Module):
@@ -57,7 +180,8 @@ class Attention(nn.Module):
 class SoftAttention(Attention):
     """The paper's deterministic attention: e_ti = w^T tanh(W_a a_i + W_h h_{t-1} + b), z_t = sum_i alpha_ti a_i."""
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int = 512):
+    @constrained
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512):
         super().__init__(annotation_dim, hidden_dim)
         self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
@@ -67,13 +191,11 @@ class SoftAttention(Attention):
         return self.W_a(a)  # (B, L, A): computed once per image, not once per step
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """Unnormalised e_t (B, L)."""
-        return self.w(torch.tanh(keys + self.W_h(h).unsqueeze(1))).squeeze(-1)  # (B, L, A) -> (B, L)
+        """Unnormalised e_t (N, L) from keys (B, L, A) and h (N, n)."""
+        return additive_scores(keys, self.W_h(h), self.w.weight.view(-1), self.w.bias)  # (N, L)
 
     def forward(self, a, keys, h, mask=None, prev_alpha=None) -> AttentionOutput:
-        alpha = masked_softmax(self.scores(keys, h), mask)  # (B, L)
-        context = torch.bmm(alpha.unsqueeze(1), a).squeeze(1)  # (B, 1, L) @ (B, L, D) -> (B, D)
-        return AttentionOutput(context, alpha)
+        return attend(a, self.scores(keys, h), mask)
 
 
 class HardAttention(SoftAttention):
@@ -85,15 +207,12 @@ class HardAttention(SoftAttention):
     (deterministic, the default), the argmax region, or a sampled region.
     """
 
-    TEST_MODES = ("expectation", "argmax", "sample")
+    TEST_MODES: tuple[str, ...] = typing.get_args(TestMode)
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int = 512,
-                 expected_context_prob: float = 0.5, test_mode: str = "expectation"):
+    @constrained
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512,
+                 expected_context_prob: Annotated[float, Range(ge=0, le=1)] = 0.5, test_mode: TestMode = "expectation"):
         super().__init__(annotation_dim, hidden_dim, attention_dim)
-        if test_mode not in self.TEST_MODES:
-            raise ValueError(f"attention.test_mode must be one of {self.TEST_MODES}, got {test_mode!r}")
-        if not 0.0 <= expected_context_prob <= 1.0:
-            raise ValueError(f"attention.expected_context_prob must be in [0, 1], got {expected_context_prob}")
         self.expected_context_prob, self.test_mode = expected_context_prob, test_mode
         self.sample_this_batch = True
 
@@ -102,15 +221,16 @@ class HardAttention(SoftAttention):
         self.sample_this_batch = bool(torch.rand(()) >= self.expected_context_prob)
 
     def forward(self, a, keys, h, mask=None, prev_alpha=None) -> AttentionOutput:
-        alpha = masked_softmax(self.scores(keys, h), mask)  # (B, L)
         mode = ("sample" if self.sample_this_batch else "expectation") if self.training else self.test_mode
         if mode == "expectation":
-            return AttentionOutput(torch.bmm(alpha.unsqueeze(1), a).squeeze(1), alpha)  # (B, D)
+            return attend(a, self.scores(keys, h), mask)  # (N, D)
+        alpha = row_softmax(self.scores(keys, h), mask)  # (N, L)
         if mode == "argmax":
-            index = alpha.argmax(dim=1)  # (B,)
+            index = alpha.argmax(dim=1)  # (N,)
         else:
-            index = torch.multinomial(alpha.detach(), 1).squeeze(1)  # (B,)
-        context = a[torch.arange(a.shape[0], device=a.device), index]  # (B, D): one region's annotation
-        log_prob = torch.log(alpha.gather(1, index.unsqueeze(1)).squeeze(1))  # (B,)
-        entropy = -torch.special.xlogy(alpha, alpha).sum(dim=1)  # (B,), masked regions add 0
+            index = torch.multinomial(alpha.detach(), 1).squeeze(1)  # (N,): the same draws as one row per image
+        rows = torch.arange(alpha.shape[0], device=a.device)  # (N,)
+        context = a[rows // rows_per_image(a.shape[0], alpha.shape[0]), index]  # (N, D): one region's annotation
+        log_prob = torch.log(alpha.gather(1, index.unsqueeze(1)).squeeze(1))  # (N,)
+        entropy = -torch.special.xlogy(alpha, alpha).sum(dim=1)  # (N,), masked regions add 0
         return AttentionOutput(context, alpha, log_prob, entropy, index)

@@ -1,27 +1,46 @@
 """More attention scores behind the same interface as `SoftAttention` (swap them with `attention=<name>`).
 
-    dot        Luong dot:      e_ti = h^T (W_a a_i) / sqrt(n)          a projected to h's size, scaled dot product
-    general    Luong general:  e_ti = h^T W a_i + u^T a_i              full bilinear form of [h; 1] and [a_i; 1]
-    concat     Luong concat:   e_ti = v^T tanh(W_a a_i + W_h h + b)    i.e. v^T tanh(W [h; a_i] + b), W split in two
-    local      Luong local-p:  general/dot score + log N(pos_i; p_t, sigma^2 I) on the 2-D grid
+    dot        Luong dot:      e_ti = h^T a_i / sqrt(n)           (a_i projected to h's size, W_a a_i, only if D != n)
+    general    Luong general:  e_ti = h^T W_a a_i / sqrt(n)
+    concat     Luong concat:   e_ti = v^T tanh(W_a [h; a_i])       the paper's soft score without its bias b
+    local      Luong local-p:  a dot/general score inside a window around a predicted 2-D centre p_t, times a Gaussian
     location   Chorowski et al. (2015): e_ti = w^T tanh(W_a a_i + W_h h + U f_i + b), f = conv(alpha_{t-1})
     multihead  Vaswani et al. (2017): per-head softmax(q k^T / sqrt(d_k)) v, heads concatenated, projected to D
 
-Here h is the decoder state h_{t-1} (B, n) and a_i the annotation vectors (B, L, D). Every module gives padded
-regions (mask False) exactly zero weight through `masked_softmax`, and no module keeps per-batch state: whatever
-depends on the image (projections, grid positions, grid layout) travels in the tensor `prepare` returns.
-Parameters whose effect is constant over regions (biases that cancel in the softmax) are left out, so every
-parameter gets a gradient.
+h (N, n) is the state the decoder attends from (k = N / B rows per image, see `captioning.models.attention`):
+h_{t-1} under decoder=sat (Xu et al.: the context enters the LSTM), h_t under decoder=luong (Luong et al.: attention
+after the LSTM step, the context feeds the output). The Luong scores are Luong's formulas with nothing added; what
+makes a model Luong's is that architecture, not the score.
+
+No score starts saturated: dot and general divide by sqrt(n), the length of their dot product, so with PyTorch's
+default init of W_a (entries of variance 1/(3D)) the scores' initial variance over regions is about
+E[h^2] Var(a_i) / 3, O(1) whatever n and D (0.04 for ReLU annotations and tanh states). Unscaled it grows like n:
+at the paper's n = 1800 a standard deviation of about 9, entropy 0.7 against ln 196 = 5.3, near one-hot attention
+that starves its gradients. tests/models/test_attention_family.py checks, at the paper's sizes (L = 196,
+D = 512, n = 1800) with ReLU annotations and tanh states, that every type's initial attention entropy is within
+10% of uniform's ln L (local-p: of its window's). Every module gives padded regions (mask False) exactly zero
+weight through `masked_softmax`, and none keeps per-batch state: whatever depends on the image (projections, grid
+positions) travels in the tensor `prepare` returns. Terms constant over regions (they cancel in the softmax) are
+left out, so every parameter gets a gradient.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
 
-from captioning.models.attention import Attention, AttentionOutput, masked_softmax
+from captioning.config.constraints import Range, constrained
+from captioning.models.attention import (
+    Attention,
+    AttentionOutput,
+    additive_scores,
+    attend,
+    masked_softmax,
+    rows_per_image,
+)
 
 
 def resolve_grid(num_regions: int, grid: tuple[int, int] | None) -> tuple[int, int]:
@@ -46,119 +65,104 @@ def grid_positions(h: int, w: int, device: torch.device | None = None,
     return torch.stack([rows, cols], dim=1)  # (L, 2)
 
 
-def _attend(a: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None) -> AttentionOutput:
-    """alpha = masked softmax of the scores (B, L); context z = sum_i alpha_i a_i (B, D)."""
-    alpha = masked_softmax(scores, mask)  # (B, L)
-    context = torch.bmm(alpha.unsqueeze(1), a).squeeze(1)  # (B, 1, L) @ (B, L, D) -> (B, D)
-    return AttentionOutput(context, alpha)
-
-
 class DotAttention(Attention):
-    """Luong dot score e_ti = h^T (W_a a_i) / sqrt(n): a projected to h's size, then a plain (scaled) dot product.
+    """Luong dot score e_ti = h^T a_i / sqrt(n), with a_i first projected to h's size (W_a a_i) only when D != n.
 
-    With `project=False` it is Luong's literal h^T a_i (needs annotation_dim == hidden_dim) and has no parameters.
-    Unlike `GeneralAttention` there is no region term u^T a_i: the score is purely the query-key match, and
-    the 1/sqrt(n) scale (on by default) keeps the scores O(1) at initialisation.
+    Luong's dot has no parameters because his h and h_s have the same size; annotations (D = 512) and the paper's
+    LSTM state (n = 1800) do not, so a learned W_a (no bias) maps a_i into h's space, once per image. With that
+    projection dot computes exactly `GeneralAttention`'s h^T W_a a_i: the two differ only when D == n, where dot
+    is the parameter-free h^T a_i. `scale=False` drops the 1/sqrt(n) (Luong's literal, unscaled score).
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, project: bool = True, scale: bool = True):
+    always_project = False  # GeneralAttention: W_a whatever the sizes
+
+    def __init__(self, annotation_dim: int, hidden_dim: int, scale: bool = True):
         super().__init__(annotation_dim, hidden_dim)
-        if not project and annotation_dim != hidden_dim:
-            raise ValueError(f"project=False needs annotation_dim == hidden_dim, got {annotation_dim} != {hidden_dim}")
+        project = self.always_project or annotation_dim != hidden_dim
         self.W_a = nn.Linear(annotation_dim, hidden_dim, bias=False) if project else nn.Identity()
         self.scale = 1.0 / math.sqrt(hidden_dim) if scale else 1.0
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """W_a a_i once per image: (B, L, n)."""
+        """W_a a_i (or a_i) once per image: (B, L, n)."""
         return self.W_a(a)  # (B, L, D) -> (B, L, n)
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """Unnormalised e_t (B, L) from keys (B, L, n) and h (B, n)."""
-        return torch.bmm(keys, h.unsqueeze(2)).squeeze(2) * self.scale  # (B, L, n) @ (B, n, 1) -> (B, L)
+        """Unnormalised e_t (N, L) from keys (B, L, n) and h (N, n), k = N / B rows per image."""
+        B, L, n = keys.shape
+        e = torch.bmm(h.view(B, -1, n), keys.transpose(1, 2))  # (B, k, n) @ (B, n, L) -> (B, k, L)
+        return e.view(-1, L) * self.scale  # (N, L)
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
-        return _attend(a, self.scores(keys, h), mask)
+        return attend(a, self.scores(keys, h), mask)
 
 
-class GeneralAttention(Attention):
-    """Luong general score as a full bilinear form: e_ti = [h; 1]^T W~ [a_i; 1] = h^T W a_i + u^T a_i (+ const).
+class GeneralAttention(DotAttention):
+    """Luong general score e_ti = h^T W_a a_i / sqrt(n): a learned bilinear form, W_a (n x D) with no bias.
 
-    The terms of the form that depend on h only (h^T w, c) are the same for every region and cancel in the
-    softmax, so they are dropped; what remains beyond `DotAttention` is the query-independent region prior
-    u^T a_i (how salient region i is whatever the decoder state) and no scaling. Without that term the two
-    score the same function class (h^T M a_i); `region_bias=False` gives exactly that, unscaled.
+    Nothing else is added (no region prior u^T a_i). At D != n this is the same computation as `DotAttention`
+    (see there); `scale=False` drops the 1/sqrt(n) (Luong's literal score, saturated at init for large n).
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, region_bias: bool = True):
-        super().__init__(annotation_dim, hidden_dim)
-        self.W = nn.Linear(annotation_dim, hidden_dim, bias=False)  # the bilinear matrix, applied to a
-        self.u = nn.Linear(annotation_dim, 1, bias=False) if region_bias else None
-
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """[W a_i; u^T a_i] once per image: (B, L, n + 1) (the last channel is zero without a region bias)."""
-        prior = self.u(a) if self.u is not None else a.new_zeros(*a.shape[:2], 1)  # (B, L, 1)
-        return torch.cat([self.W(a), prior], dim=-1)  # (B, L, n + 1)
-
-    def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """Unnormalised e_t (B, L) from keys (B, L, n + 1) and h (B, n)."""
-        return torch.bmm(keys[..., :-1], h.unsqueeze(2)).squeeze(2) + keys[..., -1]  # (B, L)
-
-    def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
-                prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
-        return _attend(a, self.scores(keys, h), mask)
+    always_project = True
 
 
 class ConcatAttention(Attention):
-    """Luong concat score e_ti = v^T tanh(W [h; a_i] + b), with W = [W_h, W_a] split so W_a a_i + b is cached.
+    """Luong concat score e_ti = v^T tanh(W_a [h; a_i]), with W_a = [W_h, W_x] split so W_x a_i is cached per image.
 
-    This is the same MLP form as the paper's `SoftAttention` (Bahdanau-style additive attention); it is kept
-    so the Luong family is complete, and has no output bias (it would cancel in the softmax).
+    This is the paper's `SoftAttention` score w^T tanh(W_a a_i + W_h h + b) without the bias b inside the tanh
+    (Luong's formula has none, and v's bias would cancel in the softmax): Bahdanau's additive score and Luong's
+    concat are the same function class up to that b. `attention=concat` therefore differs from `attention=soft`
+    by the architecture it is placed in (decoder=luong: scored from h_t after the LSTM step), not by the score.
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int = 512):
+    @constrained
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512):
         super().__init__(annotation_dim, hidden_dim)
-        self.W_a = nn.Linear(annotation_dim, attention_dim)  # the a-part of W, carries b
-        self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)  # the h-part of W
+        self.W_x = nn.Linear(annotation_dim, attention_dim, bias=False)  # the a-part of W_a
+        self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)  # the h-part of W_a
         self.v = nn.Linear(attention_dim, 1, bias=False)
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """W_a a_i + b once per image: (B, L, A)."""
-        return self.W_a(a)  # (B, L, D) -> (B, L, A)
+        """W_x a_i once per image: (B, L, A)."""
+        return self.W_x(a)  # (B, L, D) -> (B, L, A)
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """Unnormalised e_t (B, L) from keys (B, L, A) and h (B, n)."""
-        return self.v(torch.tanh(keys + self.W_h(h).unsqueeze(1))).squeeze(-1)  # (B, L, A) -> (B, L)
+        """Unnormalised e_t (N, L) from keys (B, L, A) and h (N, n)."""
+        return additive_scores(keys, self.W_h(h), self.v.weight.view(-1))  # (N, L)
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
-        return _attend(a, self.scores(keys, h), mask)
+        return attend(a, self.scores(keys, h), mask)
 
 
 class LocalAttention(Attention):
-    """Luong local-p on the 2-D grid: e_ti = score(h, a_i) - ||pos_i - p_t||^2 / (2 sigma^2), then a softmax.
+    """Luong local-p on the 2-D grid: a window of half-width D_win around a predicted centre p_t, Gaussian-weighted.
 
-    The centre p_t = (h_b - 1, w_b - 1) * sigmoid(W_p tanh(V_p h)) is a (row, column) point inside image b's
-    own grid (h_b, w_b), read from the mask, so padded images are not pushed into their padding. Adding the
-    log-Gaussian before the masked softmax equals multiplying the softmax by the Gaussian and renormalising
-    over the unmasked regions (Luong's window is not renormalised and is cut at |pos - p_t| <= D; here it
-    is soft). sigma is `sigma` regions if given, else `sigma_scale * max(h_b, w_b)` (a quarter of the grid).
-    `score` is the alignment score: "general" or "dot". `prepare` appends the 2 position coordinates of
-    each region as the last 2 channels of the keys, so nothing about the grid is stored on the module.
+    Luong (1-D): p_t = S sigmoid(v_p^T tanh(W_p h_t)); alpha_t(s) = align(h_t, a_s) exp(-(s - p_t)^2 / (2 sigma^2))
+    for |s - p_t| <= D_win (zero outside), align = softmax of the score over the window, sigma = D_win / 2.
+    Adapted to the grid:
+      - one centre per axis, p_t = (h_b - 1, w_b - 1) * sigmoid(v_p^T tanh(W_p h)) (v_p: P -> 2), a (row, column)
+        point on image b's own 0-indexed grid (h_b, w_b), read from the mask, so padding never holds the centre;
+      - the window is the square |row - p_row| <= D_win and |col - p_col| <= D_win (Luong's interval per axis),
+        regions outside it (and padded ones) get exactly zero weight; it always holds a real region (D_win >= 1);
+      - the Gaussian is isotropic in the Euclidean distance ||pos_i - p_t|| with sigma = D_win / 2;
+      - Luong's product does not sum to 1; it is renormalised over the window, so alphas sum to 1 (the doubly
+        stochastic term and attention maps assume it, and the context stays a convex combination). That is the
+        masked softmax of score + log Gaussian over the window, which is how it is computed.
+    The Gaussian carries the gradient to p_t (the window cut-off has none). `score` is "general" or "dot".
+    `prepare` appends each region's (row, column) as the last 2 channels of the keys: no grid state on the module.
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, score: str = "general", predictor_dim: int = 512,
-                 sigma: float | None = None, sigma_scale: float = 0.25):
+    @constrained
+    def __init__(self, annotation_dim: int, hidden_dim: int, score: Literal["general", "dot"] = "general",
+                 predictor_dim: Annotated[int, Range(ge=1)] = 512, half_width: Annotated[int, Range(ge=1)] = 3):
         super().__init__(annotation_dim, hidden_dim)
         scorers = {"general": GeneralAttention, "dot": DotAttention}
-        if score not in scorers:
-            raise ValueError(f"score must be one of {sorted(scorers)}, got {score!r}")
-        if (sigma is not None and sigma <= 0) or sigma_scale <= 0:
-            raise ValueError(f"sigma and sigma_scale must be positive, got {sigma} and {sigma_scale}")
         self.scorer = scorers[score](annotation_dim, hidden_dim)
-        self.V_p = nn.Linear(hidden_dim, predictor_dim, bias=False)
-        self.W_p = nn.Linear(predictor_dim, 2)  # (row, column) logits of the centre
-        self.sigma, self.sigma_scale = sigma, sigma_scale
+        self.W_p = nn.Linear(hidden_dim, predictor_dim, bias=False)
+        self.v_p = nn.Linear(predictor_dim, 2, bias=False)  # (row, column) logits of the centre
+        self.half_width, self.sigma = half_width, half_width / 2
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """The scorer's keys with each region's (row, column) appended: (B, L, K + 2)."""
@@ -169,20 +173,26 @@ class LocalAttention(Attention):
         return torch.cat([keys, pos], dim=-1)  # (B, L, K + 2)
 
     def centre(self, h: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
-        """p_t = (extent - 1) * sigmoid(W_p tanh(V_p h)): (B, 2) (row, column) for grids of extent (B, 2)."""
-        return (extent - 1) * torch.sigmoid(self.W_p(torch.tanh(self.V_p(h))))  # (B, 2)
+        """p_t = (extent - 1) * sigmoid(v_p^T tanh(W_p h)): (N, 2) (row, column) for grids of extent (N, 2)."""
+        return (extent - 1) * torch.sigmoid(self.v_p(torch.tanh(self.W_p(h))))  # (N, 2)
+
+    def window(self, pos: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Regions inside the window (N, L) and the log Gaussian -||pos_i - p_t||^2 / (2 sigma^2) (N, L),
+        for region positions pos (B, L, 2) and centres p (N, 2), k = N / B per image."""
+        B, L, _ = pos.shape
+        offset = (pos.unsqueeze(1) - p.view(B, -1, 1, 2)).view(-1, L, 2)  # (B, k, L, 2) -> (N, L, 2)
+        inside = (offset.abs() <= self.half_width).all(dim=-1)  # (N, L)
+        return inside, -offset.pow(2).sum(-1) / (2 * self.sigma**2)  # (N, L)
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
         pos = keys[..., -2:]  # (B, L, 2)
         real = pos if mask is None else pos.masked_fill(~mask.unsqueeze(-1), -1)  # (B, L, 2)
-        extent = real.amax(dim=1) + 1  # (B, 2): each image's own (h_b, w_b)
-        p = self.centre(h, extent)  # (B, 2)
-        sigma = extent.amax(dim=1) * self.sigma_scale if self.sigma is None else extent.new_full(
-            extent.shape[:1], self.sigma)  # (B,)
-        dist2 = (pos - p.unsqueeze(1)).pow(2).sum(-1)  # (B, L, 2) -> (B, L)
-        log_window = -dist2 / (2 * sigma.unsqueeze(1) ** 2)  # (B, L)
-        return _attend(a, self.scorer.scores(keys[..., :-2], h) + log_window, mask)
+        k = rows_per_image(a.shape[0], h.shape[0])
+        extent = (real.amax(dim=1) + 1).repeat_interleave(k, dim=0)  # (N, 2): each image's own (h_b, w_b)
+        inside, log_gauss = self.window(pos, self.centre(h, extent))  # (N, L), (N, L)
+        keep = inside if mask is None else inside & mask.repeat_interleave(k, dim=0)  # (N, L)
+        return attend(a, self.scorer.scores(keys[..., :-2], h) + log_gauss, keep)
 
 
 class LocationAttention(Attention):
@@ -194,11 +204,10 @@ class LocationAttention(Attention):
     (first dim is still the image), with no state on the module and no host sync per step.
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int = 512, num_filters: int = 16,
-                 kernel_size: int = 5):
+    @constrained
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512,
+                 num_filters: Annotated[int, Range(ge=1)] = 16, kernel_size: Annotated[int, Range(ge=1)] = 5):
         super().__init__(annotation_dim, hidden_dim)
-        if kernel_size < 1 or num_filters < 1:
-            raise ValueError(f"kernel_size and num_filters must be >= 1, got {kernel_size} and {num_filters}")
         self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
         self.conv = nn.Conv2d(1, num_filters, kernel_size, padding="same", bias=False)  # a bias would cancel
@@ -212,7 +221,7 @@ class LocationAttention(Attention):
         return self.W_a(a).view(B, h, w, -1)  # (B, L, A) -> (B, h, w, A)
 
     def location_features(self, prev_alpha: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """f = conv(prev_alpha on the grid): (B, L) -> (B, L, k)."""
+        """f = conv(prev_alpha on the grid): (N, L) -> (N, L, k)."""
         f = self.conv(prev_alpha.reshape(-1, 1, *grid))  # (B, 1, h, w) -> (B, k, h, w)
         return f.flatten(2).transpose(1, 2)  # (B, k, L) -> (B, L, k)
 
@@ -221,26 +230,28 @@ class LocationAttention(Attention):
         if keys.dim() != 4:
             raise ValueError(f"LocationAttention expects keys (B, h, w, A) from its prepare(), got {tuple(keys.shape)}")
         B, gh, gw, A = keys.shape
+        k = rows_per_image(B, h.shape[0])
         if prev_alpha is None:  # uniform over the real regions, as the decoder's step 0
             real = a.new_ones(B, gh * gw) if mask is None else mask.to(a.dtype)  # (B, L)
-            prev_alpha = real / real.sum(1, keepdim=True)
-        f = self.location_features(prev_alpha, (gh, gw))  # (B, L, k)
-        hidden = keys.reshape(B, gh * gw, A) + self.W_h(h).unsqueeze(1) + self.U(f)  # (B, L, A)
-        return _attend(a, self.w(torch.tanh(hidden)).squeeze(-1), mask)  # (B, L, A) -> (B, L)
+            prev_alpha = (real / real.sum(1, keepdim=True)).repeat_interleave(k, dim=0)  # (N, L)
+        f = self.location_features(prev_alpha, (gh, gw))  # (N, L, k_f)
+        hidden = (keys.view(B, 1, gh * gw, A) + self.W_h(h).view(B, k, 1, A)  # (B, k, L, A)
+                  + self.U(f).view(B, k, gh * gw, A))
+        return attend(a, self.w(torch.tanh(hidden)).view(-1, gh * gw), mask)  # (B, k, L, A) -> (N, L)
 
 
 class MultiHeadAttention(Attention):
     """Scaled dot-product multi-head attention with the query from h and keys/values from a, projected back to D.
 
-    Head j: w_j = softmax(q_j k_j^T / sqrt(d_k)) over regions, c_j = w_j V_j; context = W_o [c_1; ...; c_H] (B, D).
-    The returned alpha is the mean of the heads' weights (B, L): it still sums to 1, is 0 on padded regions and
+    Head j: w_j = softmax(q_j k_j^T / sqrt(d_k)) over regions, c_j = w_j V_j; context = W_o [c_1; ...; c_H] (N, D).
+    The returned alpha is the mean of the heads' weights (N, L): it still sums to 1, is 0 on padded regions and
     can be drawn like any other map, but the context is not sum_i alpha_i a_i (values are projected per head).
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, num_heads: int = 8, head_dim: int = 64):
+    @constrained
+    def __init__(self, annotation_dim: int, hidden_dim: int, num_heads: Annotated[int, Range(ge=1)] = 8,
+                 head_dim: Annotated[int, Range(ge=1)] = 64):
         super().__init__(annotation_dim, hidden_dim)
-        if num_heads < 1 or head_dim < 1:
-            raise ValueError(f"num_heads and head_dim must be >= 1, got {num_heads} and {head_dim}")
         self.num_heads, self.head_dim = num_heads, head_dim
         inner = num_heads * head_dim
         self.W_q = nn.Linear(hidden_dim, inner)
@@ -255,11 +266,11 @@ class MultiHeadAttention(Attention):
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
         B, L, _ = keys.shape
-        H, dk = self.num_heads, self.head_dim
+        H, dk, N = self.num_heads, self.head_dim, h.shape[0]
         k, v = keys.view(B, L, 2, H, dk).permute(2, 0, 3, 1, 4)  # (2, B, H, L, d_k)
-        q = self.W_q(h).view(B, H, dk, 1)  # (B, H, d_k, 1)
-        scores = torch.matmul(k, q).squeeze(-1) / math.sqrt(dk)  # (B, H, L, d_k) @ (B, H, d_k, 1) -> (B, H, L)
-        weights = masked_softmax(scores, None if mask is None else mask.unsqueeze(1))  # (B, H, L)
-        heads = torch.matmul(weights.unsqueeze(2), v).squeeze(2)  # (B, H, 1, L) @ (B, H, L, d_k) -> (B, H, d_k)
-        context = self.W_o(heads.reshape(B, H * dk))  # (B, H * d_k) -> (B, D)
-        return AttentionOutput(context, weights.mean(dim=1))  # alpha (B, L): mean over heads
+        q = self.W_q(h).view(B, -1, H, dk).transpose(1, 2)  # (N, H * d_k) -> (B, H, r, d_k), r rows per image
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dk)  # (B, H, r, d_k) @ (B, H, d_k, L) -> (B, H, r, L)
+        weights = masked_softmax(scores, None if mask is None else mask[:, None, None])  # (B, H, r, L)
+        heads = torch.matmul(weights, v)  # (B, H, r, L) @ (B, H, L, d_k) -> (B, H, r, d_k)
+        context = self.W_o(heads.transpose(1, 2).reshape(N, H * dk))  # (B, r, H * d_k) -> (N, D)
+        return AttentionOutput(context, weights.mean(dim=1).reshape(N, L))  # alpha (N, L): mean over heads

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
+from captioning.models import registry
+from captioning.models.attention import HardAttention
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
 from captioning.models.encoder import Encoder
 
@@ -39,7 +40,8 @@ class Captioner(nn.Module):
         fmap = self.encoder(images)  # (B, D, h, w)
         return fmap.flatten(2).transpose(1, 2), tuple(fmap.shape[-2:])  # (B, L, D)
 
-    def forward(self, images: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None) -> DecoderOutput:
+    def forward(self, images: torch.Tensor, captions: torch.Tensor,
+                image_index: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding of captions (N, T+1); image_index (N,) says which image each caption is for.
 
         `images` may be precomputed annotations (B, L, D) instead of images (see `encode`).
@@ -48,33 +50,52 @@ class Captioner(nn.Module):
         return self.decoder(a, captions, image_index, grid=grid)
 
 
-def build_encoder(encoder_cfg: Mapping[str, Any] | DictConfig) -> Encoder:
-    """Instantiate the `encoder` config group, raising the encoder's own error as it is.
+def _plain(cfg: Any) -> Any:
+    """Plain containers: a Hydra config (code the user wrote) with its interpolations resolved; a dict as it is."""
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, Mapping):
+        return {k: _plain(v) for k, v in cfg.items()}
+    return cfg
 
-    Hydra wraps errors in an InstantiationException; unwrapped, a message such as "copy the weights
-    file to ... or set encoder.pretrained=false" (no network) is what the user reads first.
-    """
-    try:
-        return instantiate(encoder_cfg)
-    except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, (RuntimeError, ValueError, OSError)):
-            raise cause from cause.__cause__
-        raise
+
+def build_encoder(encoder_cfg: Mapping[str, Any] | DictConfig, prefix: str = "") -> Encoder:
+    """Build the `encoder` config group through the registry of this project's encoders."""
+    cls, kwargs = registry.resolve("encoder", _plain(encoder_cfg), f"{prefix}encoder")
+    return cls(**kwargs)
 
 
 def build_captioner(model_cfg: Mapping[str, Any] | DictConfig, vocab_size: int,
-                    encoder: Encoder | None = None) -> Captioner:
-    """Build a captioner from the `encoder`, `attention` and `decoder` config groups.
+                    encoder: Encoder | None = None, prefix: str = "") -> Captioner:
+    """Build a captioner from the `encoder`, `attention` and `decoder` specs; the one place that builds a model.
 
-    `encoder` is the one `build_encoder(model_cfg.encoder)` gives, when the caller built it earlier (a
-    trainer builds it before reading any data, so missing pretrained weights are reported at once).
+    Classes come from `captioning.models.registry` by their `_target_` (never imported from the config), so a
+    Hydra config and a checkpoint build the same way. `encoder` is the one `build_encoder(model_cfg.encoder)`
+    gave, when the caller built it earlier (a trainer builds it before reading any data, so missing pretrained
+    weights are reported at once). `prefix` is put before key names in errors (e.g. "model." for a checkpoint).
     """
-    cfg = OmegaConf.create(model_cfg) if not isinstance(model_cfg, DictConfig) else model_cfg
+    cfg = _plain(model_cfg)
+    if not isinstance(cfg, Mapping):
+        raise registry.ModelSpecError(f"{prefix or 'the model config '}must be a mapping of encoder, attention and "
+                                      f"decoder, got {type(cfg).__name__}")
     for key in ("encoder", "attention", "decoder"):
-        if key not in cfg or cfg[key] is None:
-            raise ValueError(f"model config is missing the '{key}' group")
-    encoder = build_encoder(cfg.encoder) if encoder is None else encoder
-    attention = instantiate(cfg.attention, _partial_=True)
-    decoder = instantiate(cfg.decoder, vocab_size=vocab_size, annotation_dim=encoder.out_dim, attention=attention)
+        if cfg.get(key) is None:
+            raise registry.ModelSpecError(f"model config is missing the '{prefix}{key}' group")
+    # Every spec is checked before anything is built (an encoder may load weights for a while).
+    enc_cls, enc_kwargs = registry.resolve("encoder", cfg["encoder"], f"{prefix}encoder")
+    att_cls, att_kwargs = registry.resolve("attention", cfg["attention"], f"{prefix}attention")
+    dec_cls, dec_kwargs = registry.resolve("decoder", cfg["decoder"], f"{prefix}decoder")
+    encoder = enc_cls(**enc_kwargs) if encoder is None else encoder
+    attention = functools.partial(att_cls, **att_kwargs)
+    decoder = dec_cls(vocab_size=vocab_size, annotation_dim=encoder.out_dim, attention=attention, **dec_kwargs)
     return Captioner(encoder, decoder)
+
+
+def model_config(cfg: DictConfig) -> dict[str, Any]:
+    """The part of a run's config that defines the network (what a checkpoint needs to rebuild it)."""
+    return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("encoder", "attention", "decoder")}
+
+
+def selects_regions(model: Captioner) -> bool:
+    """Whether the model's attention picks single regions (hard attention), so figures should mark them."""
+    return isinstance(model.decoder.attention, HardAttention)

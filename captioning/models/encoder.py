@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Literal, cast
 
 import torch
 import torchvision
@@ -12,9 +12,15 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
+from captioning.config.constraints import Range, constrained
+
 logger = logging.getLogger(__name__)
 
 FineTune = Literal["none", "top", "all"]
+VGGArch = Literal["vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"]
+ResNetArch = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d",
+                     "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2"]
+ImageSize = Annotated[int, Range(ge=32)]  # the smallest input the ImageNet backbones take
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -39,11 +45,16 @@ class SmallCNN(Encoder):
     With `coord_channels` the image gets two extra input channels holding each pixel's (x, y) in
     [-1, 1] (CoordConv), so annotation vectors know where they are, as padding effects teach a deep
     ImageNet CNN; a 4-layer CNN trained for minutes would not learn that on its own.
+    With `image_size` every image is resized to that square first, so any input size (even 1 x 1) batches;
+    without it images are used as they are and must all have the data set's size.
     """
 
-    def __init__(self, channels: tuple[int, ...] = (32, 64, 128, 128), num_pools: int = 3, coord_channels: bool = True):
+    @constrained
+    def __init__(self, channels: Annotated[tuple[int, ...], Range(ge=1)] = (32, 64, 128, 128),
+                 num_pools: Annotated[int, Range(ge=0)] = 3, coord_channels: bool = True,
+                 image_size: Annotated[int | None, Range(ge=1)] = None):
         super().__init__()
-        self.coord_channels = coord_channels
+        self.coord_channels, self.image_size = coord_channels, image_size
         layers: list[nn.Module] = []
         in_ch = 5 if coord_channels else 3
         for i, ch in enumerate(channels):
@@ -63,7 +74,11 @@ class SmallCNN(Encoder):
         return self.features(images)  # (B, D, H/2^pools, W/2^pools)
 
     def transform(self) -> Callable:
-        return T.Compose([T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
+        resize = [] if self.image_size is None else [T.Resize((self.image_size, self.image_size))]
+        return T.Compose([*resize, T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
+
+    def view(self, image: Image.Image) -> Image.Image:
+        return image if self.image_size is None else T.Resize((self.image_size, self.image_size))(image)
 
 
 def _load_torchvision(arch: str, pretrained: bool) -> nn.Module:
@@ -72,10 +87,10 @@ def _load_torchvision(arch: str, pretrained: bool) -> nn.Module:
     try:
         return torchvision.models.get_model(arch, weights=weights)
     except OSError as err:  # URLError and friends: no network, no cached file
-        cache = torch.hub.get_dir()
+        cache, name = torch.hub.get_dir(), getattr(weights, "url", "").rsplit("/", 1)[-1]
         raise RuntimeError(
             f"could not load pretrained {arch} weights ({err}). torchvision downloads them to "
-            f"{cache}/checkpoints; on an offline machine copy the file {weights.url.rsplit('/', 1)[-1]} "
+            f"{cache}/checkpoints; on an offline machine copy the file {name} "
             f"there (or set TORCH_HOME), or train from scratch with encoder.pretrained=false"
         ) from err
 
@@ -83,13 +98,12 @@ def _load_torchvision(arch: str, pretrained: bool) -> nn.Module:
 class _TorchvisionEncoder(Encoder):
     """Shared fine-tuning and preprocessing logic for ImageNet backbones."""
 
-    def __init__(self, arch: str, pretrained: bool, fine_tune: FineTune, image_size: int):
+    @constrained
+    def __init__(self, arch: str, pretrained: bool, fine_tune: FineTune, image_size: ImageSize):
         super().__init__()
-        if fine_tune not in ("none", "top", "all"):
-            raise ValueError(f"encoder.fine_tune must be one of none/top/all, got {fine_tune!r}")
         self.arch, self.pretrained, self.fine_tune, self.image_size = arch, pretrained, fine_tune, image_size
 
-    def _set_trainable(self, blocks: list[nn.Module], top: list[nn.Module]) -> None:
+    def _set_trainable(self, blocks: Sequence[nn.Module], top: Sequence[nn.Module]) -> None:
         trainable = {"none": [], "top": top, "all": blocks}[self.fine_tune]
         for p in self.parameters():
             p.requires_grad_(False)
@@ -114,10 +128,12 @@ class _TorchvisionEncoder(Encoder):
 class VGGEncoder(_TorchvisionEncoder):
     """VGG conv5 features before the last max-pool: 14 x 14 x 512 at 224 px (the paper's conv5_4 for VGG-19)."""
 
-    def __init__(self, arch: str = "vgg19", pretrained: bool = True, fine_tune: FineTune = "none", image_size: int = 224):
+    @constrained
+    def __init__(self, arch: VGGArch = "vgg19", pretrained: bool = True, fine_tune: FineTune = "none",
+                 image_size: ImageSize = 224):
         super().__init__(arch, pretrained, fine_tune, image_size)
         vgg = _load_torchvision(arch, pretrained)
-        self.features = nn.Sequential(*list(vgg.features.children())[:-1])  # drop the last max-pool
+        self.features = nn.Sequential(*list(cast(nn.Module, vgg.features).children())[:-1])  # drop the last max-pool
         self.out_dim = 512
         convs = [m for m in self.features if isinstance(m, nn.Conv2d)]
         self._set_trainable(list(self.features), top=convs[-4:])  # conv5 block
@@ -129,14 +145,15 @@ class VGGEncoder(_TorchvisionEncoder):
 class ResNetEncoder(_TorchvisionEncoder):
     """ResNet last block, adaptive-pooled to a grid x grid map of 2048-d annotations."""
 
-    def __init__(self, arch: str = "resnet101", pretrained: bool = True, fine_tune: FineTune = "none",
-                 grid_size: int = 14, image_size: int = 224):
+    @constrained
+    def __init__(self, arch: ResNetArch = "resnet101", pretrained: bool = True, fine_tune: FineTune = "none",
+                 grid_size: Annotated[int, Range(ge=1)] = 14, image_size: ImageSize = 224):
         super().__init__(arch, pretrained, fine_tune, image_size)
         net = _load_torchvision(arch, pretrained)
         self.body = nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc
         self.pool = nn.AdaptiveAvgPool2d(grid_size)
-        self.out_dim = net.fc.in_features
-        self._set_trainable(list(self.body), top=[net.layer4])
+        self.out_dim = int(cast(nn.Linear, net.fc).in_features)
+        self._set_trainable(list(self.body), top=[cast(nn.Module, net.layer4)])
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.pool(self.body(images))  # (B, 2048, grid, grid)

@@ -1,0 +1,90 @@
+"""Command-line overrides checked before Hydra starts: a typo'd group, choice or key is one line with a did-you-mean.
+
+Hydra's own messages for these mistakes are several lines long and point the wrong way ("use +atention=hard" for a
+misspelt group, "Key 'dropuot' is not in struct" with no suggestion). `check_overrides` runs first and names the
+mistake: `atention=hard: unknown config group or key (did you mean 'attention'?)`,
+`attention=sofft: no such choice in attention/ (choose one of ...; did you mean 'soft'?)`,
+`decoder.dropuot=0.2: unknown key (did you mean 'dropout'?)`. Overrides with a `+`, `++` or `~` prefix, Hydra's own
+`hydra.*` keys and sweeps' later values are left to Hydra; values are checked after composition by the schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from captioning.config.check import did_you_mean
+
+
+class OverrideError(ValueError):
+    """A command-line override that names no config group, choice or key."""
+
+
+def _choices(conf_dir: Path, group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def _groups(conf_dir: Path) -> list[str]:
+    """Config groups under conf/ (folders with YAML files), nested ones as 'dataset/reader'; hydra/ is Hydra's."""
+    return sorted(str(p.parent.relative_to(conf_dir)) for p in conf_dir.rglob("*.yaml")
+                  if p.parent != conf_dir and p.parent.relative_to(conf_dir).parts[0] != "hydra")
+
+
+def _has_key(cfg: Any, dotted: str) -> tuple[bool, str, list[str]]:
+    """Whether `dotted` exists in cfg; else the first missing part and the keys that exist at its level."""
+    node, parts = cfg, dotted.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig) or part not in node.keys():
+            keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+            return False, ".".join(parts[: i + 1]), keys
+        node = node[part]
+    return True, "", []
+
+
+def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str) -> None:
+    """Raise OverrideError for the first override that names an unknown group, choice or key (see the docstring)."""
+    args = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except HydraException as err:
+        raise OverrideError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+    groups = _groups(conf_dir)
+    chosen: list[str] = []  # group choices (their first value), which decide the keys that exist
+    plain = [o for o in overrides if not (o.is_add() or o.is_force_add() or o.is_delete())
+             and not o.key_or_group.startswith("hydra")]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        top = compose(config_name)
+        for o in plain:
+            key, text = o.key_or_group, o.input_line
+            if key in groups:
+                sweep = o.is_sweep_override()
+                values = [str(v) for v in o.sweep_string_iterator()] if sweep else [o.get_value_element_as_str()]
+                for value in values:
+                    options = _choices(conf_dir, key)
+                    if value not in options and value != "null":
+                        hint = did_you_mean(value, options).strip(" ()") or ""
+                        raise OverrideError(f"{text}: no such choice in {key}/ (choose one of {', '.join(options)}"
+                                            f"{'; ' + hint if hint else ''})")
+                chosen.append(f"{key}={values[0]}")
+            elif "." not in key and key not in top.keys():  # keys(): a ??? value counts as present
+                names = sorted({*groups, *(str(k) for k in top.keys())})
+                raise OverrideError(f"{text}: unknown config group or key{did_you_mean(key, names)}")
+        try:
+            cfg = compose(config_name, overrides=chosen)
+        except (HydraException, OmegaConfBaseException):
+            return  # a choice that does not compose is Hydra's to report
+    for o in plain:
+        key = o.key_or_group
+        if "." in key and key not in groups:
+            found, missing, keys = _has_key(cfg, key)
+            if not found and OmegaConf.select(cfg, missing.rsplit(".", 1)[0] if "." in missing else "") is not None:
+                what = "key" if "." in missing else "config group or key"
+                raise OverrideError(f"{o.input_line}: unknown {what}{did_you_mean(missing.rsplit('.', 1)[-1], keys)} "
+                                    f"(to add a new key, write +{o.input_line})")

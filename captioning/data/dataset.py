@@ -1,0 +1,160 @@
+"""Data sets of images (or cached annotation grids) and their encoded captions, and how they are batched.
+
+An item is one image with all its captions; `collate` stacks images and flattens the captions, with
+`image_index` telling which image each caption belongs to, so each image is encoded once per batch.
+`training_view` gives the training split per image (dataset.batch_unit=images) or per caption (captions).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from captioning.data.features import FeatureCache
+from captioning.data.images import ImageError, load_image
+from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
+
+logger = logging.getLogger(__name__)
+BATCH_UNITS = ("images", "captions")  # dataset.batch_unit: what dataset.batch_size counts in training
+
+
+class CaptionDataset(Dataset):
+    """Images of one split with their captions encoded as <start> w_1 .. w_n <end>.
+
+    With `features` (a feature cache of a frozen encoder) an item holds the image's cached annotation
+    grid a (L, D) instead of the transformed image; the captioner then skips its encoder.
+    """
+
+    def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, transform: Callable, max_len: int = 20,
+                 captions_per_image: int | None = None, features: FeatureCache | None = None):
+        if captions_per_image is not None and captions_per_image < 1:
+            raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")
+        self.records, self.vocab, self.transform, self.max_len = list(records), vocab, transform, max_len
+        self.captions_per_image, self.features = captions_per_image, features
+        if features is not None:
+            features.require(self.records)
+        self.encoded = [
+            [torch.tensor([vocab.start_id, *vocab.encode(c[:max_len]), vocab.end_id]) for c in r.captions]
+            for r in self.records
+        ]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        try:
+            record = self.records[i]
+            if self.features is not None:
+                image = self.features[record.image_id]  # (L, D) cached annotation grid
+            else:
+                image = self.transform(load_image(record.path))  # (3, H, W)
+        except ImageError as err:  # counted and reported by the caller, never a crash mid-epoch
+            return {"image": None, "error": str(err), "index": i}
+        captions = self.encoded[i]
+        if self.captions_per_image is not None and len(captions) > self.captions_per_image:
+            # A fresh random subset each time the image is drawn: every caption is seen over the epochs.
+            captions = [captions[j] for j in torch.randperm(len(captions))[: self.captions_per_image].tolist()]
+        return {"image": image, "captions": captions, "index": i, "path": str(record.path)}
+
+
+@dataclass
+class Batch:
+    """B images and their N captions."""
+
+    images: torch.Tensor  # (B, 3, H, W) images, or (B, L, D) cached annotation grids
+    captions: torch.Tensor  # (N, T+2) <start> ... <end> <pad>...
+    image_index: torch.Tensor  # (N,) image of each caption
+    indices: list[int]  # dataset index of each image
+    skipped: list[str] = field(default_factory=list)  # why each unreadable image of this batch was left out
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Move tensors to a device."""
+        return Batch(self.images.to(device), self.captions.to(device), self.image_index.to(device), self.indices,
+                     self.skipped)
+
+
+def _same_shape(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Items whose image tensors share the batch's most common shape (ties: the larger one), and why others not.
+
+    Only an encoder whose transform does not resize (SmallCNN without image_size) can give two shapes.
+    """
+    shapes = Counter(tuple(it["image"].shape) for it in items)
+    if len(shapes) < 2:
+        return items, []
+    common = max(shapes, key=lambda s: (shapes[s], torch.Size(s).numel()))
+    odd = [f"image {it.get('path', it['index'])} becomes a tensor of shape {tuple(it['image'].shape)}, not the "
+           f"batch's {common}: the encoder's transform does not resize (give the encoder an image_size)"
+           for it in items if tuple(it["image"].shape) != common]
+    return [it for it in items if tuple(it["image"].shape) == common], odd
+
+
+def collate(items: list[dict[str, Any]]) -> Batch:
+    """Stack images and pad all captions of the batch into one (N, T) tensor; unreadable images are left out.
+
+    A batch whose images were all unreadable has no images (`indices` empty); callers count `skipped`.
+    """
+    skipped = [it["error"] for it in items if it["image"] is None]
+    items = [it for it in items if it["image"] is not None]
+    items, odd = _same_shape(items)
+    skipped += odd
+    if not items:
+        return Batch(torch.empty(0), torch.empty(0, 0, dtype=torch.long), torch.empty(0, dtype=torch.long), [], skipped)
+    caps = [c for it in items for c in it["captions"]]
+    image_index = torch.tensor([i for i, it in enumerate(items) for _ in it["captions"]])
+    captions = torch.nn.utils.rnn.pad_sequence(caps, batch_first=True, padding_value=Vocabulary.pad_id)
+    return Batch(torch.stack([it["image"] for it in items]), captions, image_index, [it["index"] for it in items],
+                 skipped)
+
+
+class CaptionPairs(Dataset):
+    """Every (image, caption) pair of a data set as one item, so an epoch visits each caption once and a batch
+    of B items holds B captions (the paper's minibatches of 64 captions); items look like CaptionDataset's."""
+
+    def __init__(self, images: CaptionDataset):
+        if images.captions_per_image is not None:
+            raise ValueError("dataset.batch_unit=captions visits every caption once per epoch; "
+                             "set dataset.captions_per_image=null")
+        self.images = images
+        counts = np.array([len(c) for c in images.encoded])
+        self.image_of = np.repeat(np.arange(len(counts)), counts)  # pair k -> image i
+        self.caption_of = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # k -> caption j
+
+    def __len__(self) -> int:
+        return len(self.image_of)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        i, j = int(self.image_of[k]), int(self.caption_of[k])
+        item = self.images[i]
+        if item["image"] is not None:
+            item["captions"] = [self.images.encoded[i][j]]
+        return item
+
+
+def collate_pairs(items: list[dict[str, Any]]) -> Batch:
+    """`collate` after merging the items of one image, so each distinct image of the batch is encoded once."""
+    merged: dict[int, dict[str, Any]] = {}
+    for it in items:
+        first = merged.get(it["index"])
+        if first is None:
+            merged[it["index"]] = dict(it)
+        elif first["image"] is not None and it["image"] is not None:
+            first["captions"] = first["captions"] + it["captions"]
+    return collate(list(merged.values()))
+
+
+def training_view(images: CaptionDataset,
+                  batch_unit: str) -> tuple[CaptionDataset | CaptionPairs, Callable[[list], Batch]]:
+    """The training data set and its collate function for dataset.batch_unit (images | captions)."""
+    if batch_unit == "images":
+        return images, collate
+    if batch_unit == "captions":
+        return CaptionPairs(images), collate_pairs
+    raise ValueError(f"dataset.batch_unit must be one of {BATCH_UNITS}, got {batch_unit!r}")

@@ -1,0 +1,43 @@
+"""JSON helpers shared by the data readers and `captioning-score`: standard library only.
+
+They live apart from :mod:`captioning.data.karpathy` (which imports torch) so that scoring a results
+file never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load_json", "write_json_atomic", "is_id"]
+
+
+def load_json(path: str | os.PathLike) -> Any:
+    """Parse a UTF-8 JSON file; a missing, unreadable, non-UTF-8 or invalid file gives one error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"file not found: {path}" if not path.exists() else f"not a file: {path}")
+    try:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is accepted
+            return json.load(f)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                         "save it as UTF-8") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from err
+    except OSError as err:
+        raise OSError(f"cannot read {path}: {err.strerror or err}") from err
+
+
+def write_json_atomic(path: Path, data: Any, indent: int | None = None) -> None:
+    """Write JSON through a temporary file and an atomic rename, so an interrupted run never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=indent) + ("\n" if indent is not None else ""), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def is_id(value: Any) -> bool:
+    """An integer image id (JSON true/false are not ids)."""
+    return isinstance(value, int) and not isinstance(value, bool)

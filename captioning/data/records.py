@@ -1,0 +1,26 @@
+"""What every data reader produces: one `ImageRecord` per image of a split (no torch, no image decoding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class ImageRecord:
+    """One image of a split: where it is, its tokenised reference captions and optional object boxes."""
+
+    image_id: int
+    path: Path
+    captions: list[list[str]]  # tokenised references
+    raw: list[str]  # the references as written
+    word_boxes: dict[str, list[list[float]]] = field(default_factory=dict)  # words naming objects -> boxes
+    size: tuple[int, int] | None = None  # (height, width) if the annotation says
+
+
+def describe(value: Any) -> str:
+    """A value and its type for an error message: `str 'ab'`, `int 3`."""
+    return f"{type(value).__name__} {value!r:.60}"

@@ -1,0 +1,127 @@
+"""Luong et al. (2015)'s attentional LSTM decoder (`decoder=luong`), with any attention in conf/attention/.
+
+Xu et al. attend from h_{t-1} and feed the context into the LSTM; Luong et al. attend after the LSTM step:
+
+    h_t, c_t = LSTM([E y_{t-1}; h~_{t-1}], (h_{t-1}, c_{t-1}))     input feeding (h~_0 = 0); without it: E y_{t-1}
+    alpha_t, z_t = attention(a, h_t)                                 every score (dot, general, concat, local-p, ...)
+    h~_t = tanh(W_c [z_t; h_t])                                      the attentional state
+    p(y_t | y_<t, a) = softmax(W_s dropout(h~_t))
+
+So the alpha that `step` returns with the logits of word y_t is the map computed from h_t and used to produce
+y_t, as for the paper's decoder (whose alpha for y_t comes from h_{t-1}): attention figures, the doubly
+stochastic term and attention correctness read it the same way. The interface is `ShowAttendTellDecoder`'s
+(`init_state`, `step`, `forward` -> DecoderOutput), so decoding, training, hard attention's REINFORCE terms,
+feature caches and visualisation work unchanged. h_0, c_0 come from the mean annotation as in the paper (Luong
+starts from the encoder's last state, which an image does not have). There is no scalar gate: betas are 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from captioning.config.constraints import constrained
+from captioning.models.attention import Attention, AttentionOutput
+from captioning.models.decoder import (
+    DecoderOutput,
+    DropoutRate,  # DropoutRate and Size: the constraints both decoders declare
+    Size,
+    UnrolledLinear,
+    UnrolledLSTM,
+    _mlp,
+    annotation_state,
+    expand_rows,
+    images_and_rows,
+)
+
+# h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
+LuongState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class LuongDecoder(nn.Module):
+    """Luong et al. (2015) global/local attention decoder with input feeding, over annotation vectors a (B, L, D)."""
+
+    rows_share_images = True  # step() takes a, keys, mask per image with k state rows each (see decoding.py)
+
+    @constrained
+    def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
+                 embed_dim: Size = 512, hidden_dim: Size = 512, init_layers: Size = 1, dropout: DropoutRate = 0.5,
+                 init_from_annotations: bool = True, input_feeding: bool = True):
+        super().__init__()
+        self.vocab_size, self.hidden_dim, self.input_feeding = vocab_size, hidden_dim, input_feeding
+        self.attention = attention(annotation_dim=annotation_dim, hidden_dim=hidden_dim)
+        self.embed = nn.Embedding(vocab_size, embed_dim)
+        self.init_h = _mlp(annotation_dim, hidden_dim, init_layers) if init_from_annotations else None
+        self.init_c = _mlp(annotation_dim, hidden_dim, init_layers) if init_from_annotations else None
+        self.lstm = nn.LSTMCell(embed_dim + (hidden_dim if input_feeding else 0), hidden_dim)
+        self.W_c = nn.Linear(annotation_dim + hidden_dim, hidden_dim, bias=False)  # Luong's W_c has no bias
+        self.W_s = nn.Linear(hidden_dim, vocab_size)  # its bias is a word-frequency prior (Luong omits biases)
+        self.dropout = nn.Dropout(dropout)
+
+    def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> LuongState:
+        """h_0, c_0 from the mean annotation (or zeros), h~_0 = 0, and a uniform previous alpha over valid regions."""
+        h, c, alpha0 = annotation_state(a, mask, self.init_h, self.init_c, self.hidden_dim)
+        return h, c, torch.zeros_like(h), alpha0
+
+    def output(self, h_tilde: torch.Tensor) -> torch.Tensor:
+        """logits = W_s dropout(h~_t): (..., n) -> (..., V)."""
+        return self.W_s(self.dropout(h_tilde))
+
+    def advance(self, emb: torch.Tensor, state: LuongState, a: torch.Tensor, keys: torch.Tensor,
+                mask: torch.Tensor | None) -> tuple[LuongState, AttentionOutput]:
+        """One LSTM step from the embedded previous words (N, m), then attention from h_t and h~_t."""
+        h, c, h_tilde, prev_alpha = state
+        x = torch.cat([emb, h_tilde], dim=1) if self.input_feeding else emb  # (N, m + n) or (N, m)
+        h, c = self.lstm(x, (h, c))  # (N, n)
+        att = self.attention(a, keys, h, mask, prev_alpha)  # from h_t, after the step
+        h_tilde = torch.tanh(self.W_c(torch.cat([att.context, h], dim=1)))  # (N, D + n) -> (N, n)
+        return (h, c, h_tilde, att.alpha), att
+
+    def step(self, words: torch.Tensor, state: LuongState, a: torch.Tensor, keys: torch.Tensor,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, LuongState, AttentionOutput]:
+        """One decoding step from the previous words (N,): logits (N, V) of y_t, the new state, y_t's attention."""
+        state, att = self.advance(self.embed(words), state, a, keys, mask)
+        return self.output(state[2]), state, att
+
+    def forward(self, a: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> DecoderOutput:
+        """Teacher forcing over captions (N, T+1) that start with <start>; a (B, L, D) holds one grid per image.
+
+        Computes what `advance` does step by step, faster (see `captioning.models.decoder`): the word part of the
+        LSTM input for all steps at once, k captions per image sharing a and keys, and the recurrent GEMMs'
+        weight gradients (LSTM, and W_c with input feeding) one GEMM each over all steps. Without input feeding
+        h~_t feeds nothing recurrent, so W_c runs once over all steps after the loop.
+        """
+        keys = self.attention.prepare(a, grid)  # once per image, before expanding to captions
+        a, keys, mask, k = images_and_rows(a, keys, mask, image_index)
+        h, c, h_tilde, prev_alpha = expand_rows(self.init_state(a, mask), k)  # (N, n) x 3, (N, L)
+        emb = self.embed(captions[:, :-1])  # (N, T, m)
+        T = captions.shape[1] - 1
+        lstm, w_c = UnrolledLSTM(self.lstm, emb), UnrolledLinear(self.W_c.weight, T)
+        outs, alphas = [], []
+        log_probs: list[torch.Tensor] = []
+        entropies: list[torch.Tensor] = []
+        for t in range(T):
+            h, c = lstm(t, h_tilde if self.input_feeding else None, h, c)  # (N, n)
+            att = self.attention(a, keys, h, mask, prev_alpha)  # from h_t, after the step
+            joint = torch.cat([att.context, h], dim=1)  # (N, D + n)
+            if self.input_feeding:
+                h_tilde = torch.tanh(w_c(t, joint))  # (N, n), fed to the next step
+            outs.append(h_tilde if self.input_feeding else joint)
+            prev_alpha = att.alpha
+            alphas.append(att.alpha)
+            if att.log_prob is not None and att.entropy is not None:
+                log_probs.append(att.log_prob)
+                entropies.append(att.entropy)
+        outs_t = torch.stack(outs, 1)  # (N, T, n), or (N, T, D + n) before W_c
+        h_tildes = outs_t if self.input_feeding else torch.tanh(self.W_c(outs_t))  # (N, T, n)
+        alphas_t = torch.stack(alphas, 1)  # (N, T, L)
+        return DecoderOutput(
+            logits=self.output(h_tildes),  # (N, T, n) -> (N, T, V) in one matmul
+            alphas=alphas_t,
+            betas=alphas_t.new_ones(alphas_t.shape[:2]),  # (N, T): no gate
+            log_probs=torch.stack(log_probs, 1) if log_probs else None,
+            entropies=torch.stack(entropies, 1) if entropies else None,
+        )

@@ -1,0 +1,159 @@
+"""The project's own components by name: the only classes a model config or a checkpoint can build.
+
+A config names each component by its `_target_` (the class's import path, as in conf/encoder/*.yaml). That
+string is only ever a key into the dicts below, never imported, so a checkpoint cannot make the loader run
+code of its choosing; the other keys of a spec must be arguments of the class's constructor, with values of
+the types and within the constraints its signature declares (plain data: no nested `_target_`, no `${...}`
+interpolation; captioning/config/signature.py binds them, the same check the config validator runs).
+
+To add a component: import its class here and add one line `"<module>.<Class>": Class` to its group's dict.
+The key must be the class's import path and the `_target_` of its conf/ YAML file (tests/models/test_model.py checks
+both). Encoders are built with their config's arguments; attentions also get `annotation_dim` and
+`hidden_dim`, decoders `vocab_size`, `annotation_dim` and `attention` (a factory taking those two) from the builder;
+data set readers get `splits`.
+
+To add a `_target_` group (as `objective` was, below): add its dict to GROUPS (and its config key to CONFIG_KEYS
+when it is not the group's name, its builder's own arguments to BUILDER_ARGS). The config validator then checks
+every config of the group against its target's signature, with no schema edit (captioning/config/targets.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from captioning.config.constraints import matches as _matches  # noqa: F401 (the type check, tests/models/test_model.py)
+from captioning.config.signature import argument_problems, parameters
+from captioning.data.coco_captions import read_coco_captions
+from captioning.data.karpathy import read_karpathy_splits
+from captioning.data.shapes import build_shapes
+from captioning.models.attention import HardAttention, SoftAttention
+from captioning.models.attention_family import (
+    ConcatAttention,
+    DotAttention,
+    GeneralAttention,
+    LocalAttention,
+    LocationAttention,
+    MultiHeadAttention,
+)
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
+from captioning.models.luong_decoder import LuongDecoder
+from captioning.training.objectives import CrossEntropy, SelfCritical
+
+ENCODERS: dict[str, type[Encoder]] = {
+    "captioning.models.encoder.SmallCNN": SmallCNN,
+    "captioning.models.encoder.VGGEncoder": VGGEncoder,
+    "captioning.models.encoder.ResNetEncoder": ResNetEncoder,
+}
+ATTENTIONS: dict[str, type[nn.Module]] = {
+    "captioning.models.attention.SoftAttention": SoftAttention,
+    "captioning.models.attention.HardAttention": HardAttention,
+    "captioning.models.attention_family.ConcatAttention": ConcatAttention,
+    "captioning.models.attention_family.DotAttention": DotAttention,
+    "captioning.models.attention_family.GeneralAttention": GeneralAttention,
+    "captioning.models.attention_family.LocalAttention": LocalAttention,
+    "captioning.models.attention_family.LocationAttention": LocationAttention,
+    "captioning.models.attention_family.MultiHeadAttention": MultiHeadAttention,
+}
+DECODERS: dict[str, type[nn.Module]] = {
+    "captioning.models.decoder.ShowAttendTellDecoder": ShowAttendTellDecoder,
+    "captioning.models.luong_decoder.LuongDecoder": LuongDecoder,
+}
+# `dataset.generate` of a data set the project makes itself (a checkpoint's dataset section may name it).
+DATASET_GENERATORS: dict[str, Callable[..., Any]] = {
+    "captioning.data.shapes.build_shapes": build_shapes,
+}
+# `dataset.reader`: how a data set's files become image records (conf/dataset/reader/; a checkpoint stores it).
+READERS: dict[str, Callable[..., Any]] = {
+    "captioning.data.karpathy.read_karpathy_splits": read_karpathy_splits,
+    "captioning.data.coco_captions.read_coco_captions": read_coco_captions,
+}
+# `objective`: what the training loss is (conf/objective/: xe, scst); the trainer builds it with its config's arguments.
+OBJECTIVES: dict[str, Callable[..., Any]] = {
+    "captioning.training.objectives.CrossEntropy": CrossEntropy,
+    "captioning.training.objectives.SelfCritical": SelfCritical,
+}
+
+GROUPS: dict[str, Mapping[str, Callable[..., Any]]] = {
+    "encoder": ENCODERS, "attention": ATTENTIONS, "decoder": DECODERS, "generator": DATASET_GENERATORS,
+    "reader": READERS, "objective": OBJECTIVES}
+# The config key of a group that does not sit at its own name.
+CONFIG_KEYS = {"generator": "dataset.generate", "reader": "dataset.reader"}
+# Constructor arguments the builder passes itself; a config may not set them.
+BUILDER_ARGS: dict[str, tuple[str, ...]] = {
+    "encoder": (), "attention": ("annotation_dim", "hidden_dim"),
+    "decoder": ("vocab_size", "annotation_dim", "attention"), "generator": (), "reader": ("splits",), "objective": ()}
+PLURAL = {"encoder": "encoders", "attention": "attentions", "decoder": "decoders", "generator": "data set generators",
+          "reader": "data set readers", "objective": "training objectives"}
+HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+
+
+def group_at(key: str) -> str | None:
+    """The registry group a config key holds ('dataset.reader' -> 'reader', 'encoder' -> 'encoder'), or None."""
+    return next((g for g in GROUPS if CONFIG_KEYS.get(g, g) == key), None)
+
+
+class ModelSpecError(ValueError):
+    """A component spec that names a class outside the registry, or arguments its constructor does not take."""
+
+
+def resolve(group: str, spec: Any, where: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The registered class of `spec["_target_"]` and its checked keyword arguments; `where` prefixes key names."""
+    table = GROUPS[group]
+    if not isinstance(spec, Mapping):
+        raise ModelSpecError(f"{where} must be a mapping with a _target_, got {_short(spec)}")
+    target = spec.get("_target_")
+    if not isinstance(target, str) or target not in table:
+        names = ", ".join(t.rsplit(".", 1)[-1] for t in table)
+        raise ModelSpecError(f"{where}._target_ {_short(target)} is not one of this project's "
+                             f"{PLURAL.get(group, group)} ({names})")
+    kwargs = {k: v for k, v in spec.items() if k != "_target_"}
+    check_arguments(table[target], kwargs, where, BUILDER_ARGS.get(group, ()))
+    return table[target], kwargs
+
+
+def check_arguments(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str,
+                    reserved: Sequence[str] = ()) -> None:
+    """Refuse anything but plain data, keys that are not named parameters of `fn`, values not of their declared type
+    or outside their declared constraints, and missing arguments (the first problem, as a ModelSpecError)."""
+    for key, value in kwargs.items():
+        if isinstance(key, str) and not key.startswith("_"):
+            check_data(value, f"{where}.{key}")
+    name = getattr(fn, "__name__", str(fn))
+    for p in argument_problems(fn, kwargs, reserved):
+        if p.kind == "hydra":
+            raise ModelSpecError(f"{where}.{p.key} is a Hydra instantiation key, not an argument of {name}")
+        if p.kind == "reserved":
+            raise ModelSpecError(f"{where}.{p.key} is set by the builder, not by a config")
+        if p.kind == "unknown":
+            known = ", ".join(n for n in parameters(fn) if n not in reserved)
+            raise ModelSpecError(f"{where}.{p.key} is not an argument of {name} (it takes {known})")
+        if p.kind == "missing":
+            raise ModelSpecError(f"{where} lacks {p.key}, required by {name}")
+        separator = "" if p.message.startswith("=") else ": "
+        raise ModelSpecError(f"{where}.{p.key}{separator}{p.message}")
+
+
+def check_data(value: Any, where: str) -> None:
+    """Refuse anything but plain data: Hydra keys in nested mappings, `${...}` interpolations, other objects."""
+    if isinstance(value, str):
+        if "${" in value:
+            raise ModelSpecError(f"{where} = {_short(value)} is a config interpolation, not a plain value")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str) or k in HYDRA_KEYS or k.startswith("_"):
+                raise ModelSpecError(f"{where}.{k} is a Hydra instantiation key inside a value")
+            check_data(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_data(v, f"{where}[{i}]")
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise ModelSpecError(f"{where} holds a {type(value).__name__}, not plain data")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,70 @@
+"""Training curves of a run (curves.png): loss, validation CIDEr and BLEU-4 by epoch, from its history.json, and for
+self-critical training (objective=scst) the training reward: the sampled captions' mean reward, its baseline and
+the greedy captions' CIDEr-D."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from captioning.data.jsonio import load_json
+
+logger = logging.getLogger(__name__)
+CURVES_NAME = "curves.png"
+CURVE_PANELS = (("training loss", ("loss", "nll")), ("validation CIDEr", ("val_CIDEr",)),
+                ("validation BLEU-4", ("val_Bleu_4",)),
+                ("SCST reward (training)", ("reward", "reward_baseline", "greedy_CIDEr")))
+
+
+def load_history(path: Path) -> list[dict[str, Any]]:
+    """history.json of a training run: a non-empty list of per-epoch dicts, each with an 'epoch'."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"history file not found: {path}")
+    history = load_json(path)
+    if not isinstance(history, list) or not history or not all(isinstance(h, dict) and "epoch" in h for h in history):
+        raise ValueError(f"{path}: expected a non-empty list of per-epoch records with an 'epoch' key")
+    return history
+
+
+def curves_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
+    """One panel per curve group present in the history (loss, validation CIDEr, validation BLEU-4, SCST reward)
+    by epoch."""
+    panels = [(title, [k for k in keys if any(isinstance(h.get(k), (int, float)) for h in history)])
+              for title, keys in CURVE_PANELS]
+    panels = [(title, keys) for title, keys in panels if keys]
+    if not panels:
+        raise ValueError("the history has none of " + ", ".join(k for _, keys in CURVE_PANELS for k in keys))
+    fig = Figure(figsize=(4.2 * len(panels), 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    for ax, (title, keys) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for key in keys:
+            pts = [(h["epoch"], float(h[key])) for h in history if isinstance(h.get(key), (int, float))]
+            ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", markersize=3, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_history(history_path: Path, out_path: Path) -> Path:
+    """Draw curves.png from a run's history.json; returns the PNG's path."""
+    fig = curves_figure(load_history(history_path))
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out_path, format="png")
+    finally:
+        fig.clear()
+    logger.info("wrote training curves to %s", out_path)
+    return out_path

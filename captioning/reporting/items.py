@@ -1,0 +1,41 @@
+"""What the report's pages show per image: the data type shared by the page renderer and its builders."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class ReportItem:
+    """One row of the report: an image's caption, references, scores and (optionally) its attention maps."""
+
+    image_id: int
+    words: list[str]
+    references: list[str]
+    scores: dict[str, float] = field(default_factory=dict)
+    image_uri: str | None = None  # JPEG thumbnail of the encoder's view, as a data URI
+    alphas: np.ndarray | None = None  # (T, h, w), one map per word
+    mark_regions: bool = False  # hard attention: outline the cell each map selects (its argmax)
+
+    def __post_init__(self) -> None:
+        if self.alphas is not None:
+            a = np.asarray(self.alphas, dtype=np.float64)
+            if a.ndim != 3 or a.shape[0] != len(self.words) or 0 in a.shape[1:]:
+                raise ValueError(f"image {self.image_id}: alphas must be (T, h, w) with T = {len(self.words)} "
+                                 f"words, got shape {a.shape}")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"image {self.image_id}: alphas contain non-finite values")
+            self.alphas = a
+
+
+def format_value(value: Any, spec: str = ".4f") -> str:
+    """A table cell: floats with `spec` (whole numbers from 1000 up), "" for None and NaN, anything else as str."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return format(value, spec) if abs(value) < 1000 else f"{value:.0f}"
+    return "" if value is None else str(value)

@@ -1,0 +1,204 @@
+"""The markup of the HTML report page (captioning/reporting/html.py prepares what goes in it).
+
+The page is one static template, its CSS and the inline script that draws a word's attention map over the image and
+sorts the table, filled by `render_page` with the rows, the overall metrics, the training curves image and the
+attention data (a JSON block). Text is HTML-escaped here; nothing is fetched from outside the file.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from string import Template
+from typing import Any
+
+from captioning.reporting.items import ReportItem, format_value
+
+THUMB_SIDE = 224  # longer side of the embedded thumbnails, in pixels
+
+
+def _sort_key(value: Any) -> str:
+    """A cell's full-precision value for sorting ("" when missing or not a number)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return repr(value) if ok else ""
+
+
+# The page: CSS, the table, the attention data (JSON) and the script that draws maps and sorts rows. A word's map is
+# drawn as a black veil of opacity STRENGTH * (1 - m) over the image, which is visualize.overlay_attention's blend
+# (pixel * (1 - strength + strength * m)); the browser's bilinear upscaling of the h x w veil does the smoothing.
+PAGE_TEMPLATE = Template("""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<link rel="icon" href="data:,"><title>$title</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+table.overall th { text-align: left; padding-right: 1em; font-weight: 600; }
+#images { border-collapse: collapse; margin-top: 1em; }
+#images th, #images td { border-bottom: 1px solid #ddd; padding: 6px 8px; vertical-align: top; }
+#images th.sortable { cursor: pointer; user-select: none; white-space: nowrap; }
+#images th[aria-sort=ascending]::after { content: " \\25B2"; }
+#images th[aria-sort=descending]::after { content: " \\25BC"; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+.view { position: relative; display: inline-block; line-height: 0; }
+.view canvas.heat { position: absolute; left: 0; top: 0; width: 100%; height: 100%; pointer-events: none; }
+.noimage { background: #999; color: #fff; line-height: 1.4; padding: 4px; box-sizing: border-box; }
+.shown { font-size: 12px; color: #666; }
+.word { cursor: pointer; padding: 0 1px; border-radius: 3px; }
+.word:hover, .word.active { background: #ffe08a; }
+tr.pinned .word.active { outline: 2px solid #d08000; }
+ol.refs { margin: 0; padding-left: 1.4em; color: #555; }
+</style></head>
+<body>
+<h1>$title</h1>
+<section id="overall"><h2>Overall metrics</h2>$overall</section>
+$curves
+<h2>Images (<span id="count">$count</span>)</h2>
+<p class="hint">Hover over a word to see where the model looked while generating it (white = attended; a red box
+marks the region hard attention selected); click a word to keep its map. Click a column header to sort.</p>
+<table id="images"><thead><tr>$head</tr></thead><tbody>$body</tbody></table>
+<script type="application/json" id="report-data">$data</script>
+<script>
+"use strict";
+(function () {
+  const STRENGTH = 0.7;
+  const data = JSON.parse(document.getElementById("report-data").textContent);
+  const table = document.getElementById("images");
+  const tbody = table.tBodies[0];
+  const pinned = new Map();
+
+  function maps(e) {
+    if (!e.bytes) {
+      const s = atob(e.maps);
+      e.bytes = new Uint8Array(s.length);
+      for (let i = 0; i < s.length; i++) e.bytes[i] = s.charCodeAt(i);
+    }
+    return e.bytes;
+  }
+
+  // Draw word t's attention over the row's image (t === null: the plain image).
+  function draw(row, t) {
+    const e = data.entries[Number(row.dataset.entry)];
+    const canvas = row.querySelector("canvas.heat");
+    if (!e || !canvas) return;
+    const base = canvas.previousElementSibling;
+    const W = base.naturalWidth || base.offsetWidth, H = base.naturalHeight || base.offsetHeight;
+    if (canvas.width !== W || canvas.height !== H) { canvas.width = W; canvas.height = H; }
+    const ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, W, H);
+    row.querySelectorAll(".word.active").forEach(function (el) { el.classList.remove("active"); });
+    const label = row.querySelector(".shown");
+    if (t === null) { canvas.dataset.word = ""; label.textContent = "image"; return; }
+    const n = e.h * e.w, bytes = maps(e);
+    const small = document.createElement("canvas");
+    small.width = e.w; small.height = e.h;
+    const sctx = small.getContext("2d");
+    const veil = sctx.createImageData(e.w, e.h);
+    for (let i = 0; i < n; i++) veil.data[4 * i + 3] = Math.round(255 * STRENGTH * (1 - bytes[t * n + i] / 255));
+    sctx.putImageData(veil, 0, 0);
+    ctx.imageSmoothingEnabled = true;
+    ctx.drawImage(small, 0, 0, W, H);
+    if (e.regions) {
+      const r = e.regions[t], cw = W / e.w, ch = H / e.h;
+      ctx.strokeStyle = "red"; ctx.lineWidth = 2;
+      ctx.strokeRect((r % e.w) * cw + 1, Math.floor(r / e.w) * ch + 1, cw - 2, ch - 2);
+    }
+    const word = row.querySelector('.word[data-t="' + t + '"]');
+    word.classList.add("active");
+    canvas.dataset.word = String(t);
+    label.textContent = "attention: " + word.textContent;
+  }
+
+  function restore(row) { draw(row, pinned.has(row) ? pinned.get(row) : null); }
+  function wordOf(ev) { return ev.target.closest ? ev.target.closest(".word") : null; }
+  function show(ev) { const w = wordOf(ev); if (w) draw(w.closest("tr"), Number(w.dataset.t)); }
+  function hide(ev) { const w = wordOf(ev); if (w) restore(w.closest("tr")); }
+  function pin(ev) {
+    const w = wordOf(ev);
+    if (!w || (ev.type === "keydown" && ev.key !== "Enter" && ev.key !== " ")) return;
+    const row = w.closest("tr"), t = Number(w.dataset.t);
+    if (pinned.get(row) === t) pinned.delete(row); else pinned.set(row, t);
+    row.classList.toggle("pinned", pinned.has(row));
+    draw(row, t);
+    if (ev.type === "keydown") ev.preventDefault();
+  }
+  tbody.addEventListener("mouseover", show);
+  tbody.addEventListener("focusin", show);
+  tbody.addEventListener("mouseout", hide);
+  tbody.addEventListener("focusout", hide);
+  tbody.addEventListener("click", pin);
+  tbody.addEventListener("keydown", pin);
+
+  // Sort by a column: first click ascending, then descending; empty values last, ties in report order.
+  function value(row, col) {
+    const v = row.cells[col].dataset.value;
+    return v === "" ? NaN : Number(v);
+  }
+  table.tHead.addEventListener("click", function (ev) {
+    const th = ev.target.closest("th.sortable");
+    if (!th) return;
+    const col = Number(th.dataset.col);
+    const dir = th.getAttribute("aria-sort") === "ascending" ? "descending" : "ascending";
+    table.tHead.querySelectorAll("th").forEach(function (h) { h.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", dir);
+    const sign = dir === "ascending" ? 1 : -1;
+    const rows = Array.from(tbody.rows);
+    rows.sort(function (a, b) {
+      const x = value(a, col), y = value(b, col);
+      if (isNaN(x) || isNaN(y)) return (isNaN(x) - isNaN(y)) || (a.dataset.entry - b.dataset.entry);
+      return sign * (x - y) || (a.dataset.entry - b.dataset.entry);
+    });
+    rows.forEach(function (r) { tbody.appendChild(r); });
+  });
+})();
+</script>
+</body></html>
+""")
+
+
+def _overall_table(metrics: Mapping[str, Any]) -> str:
+    rows = []
+    for k, v in metrics.items():
+        text = format_value(v) if isinstance(v, (int, float, str)) or v is None else json.dumps(v)
+        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(text)}</td></tr>")
+    return '<table class="overall">' + "".join(rows) + "</table>"
+
+
+def _row(n: int, item: ReportItem, columns: Sequence[str]) -> str:
+    words = " ".join(f'<span class="word" data-t="{t}" tabindex="0">{html.escape(wd)}</span>'
+                     for t, wd in enumerate(item.words)) or '<span class="empty">(empty caption)</span>'
+    if item.image_uri is not None:
+        view = f'<img class="thumb" src="{item.image_uri}" alt="image {item.image_id}">'
+    else:  # a grey box with the grid's aspect ratio, so the attention maps still show
+        h, w = item.alphas.shape[1:] if item.alphas is not None else (1, 1)
+        size = f"width:{round(THUMB_SIDE * min(1, w / h))}px;height:{round(THUMB_SIDE * min(1, h / w))}px"
+        view = f'<div class="noimage" style="{size}">image {item.image_id} not available</div>'
+    if item.alphas is not None:
+        view += '<canvas class="heat" data-word=""></canvas>'
+    refs = "".join(f"<li>{html.escape(r)}</li>" for r in item.references)
+    cells = "".join(f'<td class="num" data-value="{_sort_key(item.scores.get(c))}">'
+                    f'{format_value(item.scores.get(c))}</td>'
+                    for c in columns)
+    return (f'<tr class="entry" data-entry="{n}" data-image-id="{item.image_id}">'
+            f'<td class="num" data-value="{n + 1}">{n + 1}</td>'
+            f'<td class="num" data-value="{item.image_id}">{item.image_id}</td>'
+            f'<td><div class="view">{view}</div><div class="shown">image</div></td>'
+            f'<td class="caption">{words}</td><td><ol class="refs">{refs}</ol></td>{cells}</tr>')
+
+
+def render_page(items: Sequence[ReportItem], columns: Sequence[str], metrics: Mapping[str, Any], title: str,
+                curves_uri: str | None, data: str) -> str:
+    """The page: a row per item with its `columns` scores, the overall metrics, the curves image (a data URI) and
+    the attention data (JSON text)."""
+    # Column i of the header is cell i of every row; the numeric ones sort.
+    names = ["#", "image id", "image", "caption", "references", *columns]
+    head = "".join(f'<th class="sortable" data-col="{i}">{html.escape(n)}</th>' if i < 2 or i >= 5
+                   else f"<th>{n}</th>" for i, n in enumerate(names))
+    body = "".join(_row(n, it, columns) for n, it in enumerate(items))
+    curves_html = (f'<section id="curves"><h2>Training curves</h2><img src="{curves_uri}" '
+                   f'alt="training curves"></section>') if curves_uri is not None else ""
+    return PAGE_TEMPLATE.substitute(
+        title=html.escape(title), overall=_overall_table(metrics), curves=curves_html, head=head, body=body,
+        count=len(items), data=data.replace("</", "<\\/"))  # no "</script>" can close the data block early

@@ -1,0 +1,1 @@
+"""The console tools besides training and evaluation: caption, score, html, report, extract-features (apps)."""

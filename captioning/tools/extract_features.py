@@ -1,0 +1,61 @@
+"""Encode every image once with a frozen encoder and cache the annotation grids on disk.
+
+    captioning-extract-features experiment=coco_soft dataset.features=/data/coco/features_vgg19
+    captioning-train experiment=coco_soft dataset.features=/data/coco/features_vgg19
+
+An interrupted run continues where it stopped when started again with the same arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from captioning.cli import run_cli, writable_dir
+from captioning.config.overrides import check_overrides
+from captioning.data.build import load_records
+from captioning.data.features import FeatureCache, check_frozen, extract_features
+from captioning.models.captioner import build_encoder
+from captioning.runtime import CONF_DIR, resolve_device, set_seed
+
+logger = logging.getLogger(__name__)
+PROG = "captioning-extract-features"
+
+
+def extract(cfg: DictConfig) -> FeatureCache:
+    """Build the encoder as training would (same seed), read the splits' images and write the cache."""
+    if not cfg.dataset.get("features"):
+        raise ValueError("set dataset.features=PATH: the folder the feature cache is written to")
+    writable_dir(cfg.dataset.features)  # a read-only cache folder fails before the encoder is built
+    set_seed(cfg.seed)  # a randomly initialised encoder then gets the same weights as in captioning-train
+    encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before any data is read
+    check_frozen(encoder)
+    encoder.to(resolve_device(cfg.device))
+    records = load_records(cfg.dataset, list(cfg.splits))
+    return extract_features([r for rs in records.values() for r in rs], encoder,
+                            cast(dict[str, Any], OmegaConf.to_container(cfg.encoder, resolve=True)),
+                            Path(cfg.dataset.features),
+                            batch_size=int(cfg.batch_size), num_workers=int(cfg.dataset.num_workers),
+                            overwrite=bool(cfg.overwrite), progress=bool(cfg.trainer.progress))
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="extract_features")
+def hydra_main(cfg: DictConfig) -> None:
+    """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2."""
+    cache = run_cli(lambda: extract(cfg), PROG)
+    logger.info("wrote %d images' features to %s", len(cache), cache.root)
+
+
+def main() -> None:
+    """Console entry point `captioning-extract-features [overrides] dataset.features=DIR`."""
+    run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "extract_features"), PROG)  # typos, before Hydra
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

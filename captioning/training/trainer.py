@@ -1,0 +1,351 @@
+"""The training loop: one `Trainer` holds everything a run's state is made of, so it is checkpointed and resumed
+as one piece (exactly: see captioning/training/randomness.py), validated by real decoding every epoch, and
+evaluated on the test split at the end."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from captioning.checkpoint import read_checkpoint, save_checkpoint
+from captioning.data.build import build_datasets
+from captioning.data.dataset import Batch, CaptionDataset, training_view
+from captioning.data.features import open_features
+from captioning.data.vocab import Vocabulary
+from captioning.losses import LossTerms, MovingAverageBaseline
+from captioning.models import registry
+from captioning.models.captioner import Captioner, build_captioner, build_encoder, model_config, selects_regions
+from captioning.predict import Prediction, decode_split, instance_correctness, load_instances, score_predictions
+from captioning.reporting.curves import CURVES_NAME, plot_history
+from captioning.reporting.outputs import write_outputs
+from captioning.runtime import resolve_device
+from captioning.training import distributed, precision, randomness
+from captioning.training.objectives import CrossEntropy, LossContext, LossSettings
+from captioning.training.stop import StopRequest, TrainingInterrupted
+
+logger = logging.getLogger(__name__)
+
+
+def attention_name(cfg: DictConfig) -> str:
+    """The attention config group's choice (e.g. 'soft'), for metrics.json and sweep tables."""
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.choices.get("attention", "")
+    return str(cfg.attention._target_).rsplit(".", 1)[-1]
+
+
+def build_objective(spec: Any) -> Any:
+    """The `objective` config group's objective (conf/objective/; none: cross-entropy), from the registry."""
+    if spec is None:
+        return CrossEntropy()
+    cls, kwargs = registry.resolve("objective", OmegaConf.to_container(spec, resolve=True), "objective")
+    return cls(**kwargs)
+
+
+class Trainer:
+    """Holds the training state so that it can be checkpointed and resumed as one piece."""
+
+    objective: Any = CrossEntropy()  # what `loss` computes; __init__ builds the configured one (objective=...)
+
+    def __init__(self, cfg: DictConfig, out_dir: Path):
+        self.cfg, self.out_dir, self.tc = cfg, out_dir, cfg.trainer
+        self.objective = build_objective(cfg.get("objective"))  # before the data: a bad setting fails at once
+        self.device = distributed.local_device(resolve_device(cfg.device))  # under torchrun: cuda:LOCAL_RANK
+        self.is_main = distributed.is_main()  # rank 0 (or the only process) writes every file
+        self.amp_dtype = precision.autocast_dtype(self.tc.get("precision", "fp32"), self.device)
+        with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
+            encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before data is read
+            # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
+            features = open_features(cfg.dataset.get("features"), encoder, model_config(cfg)["encoder"])
+            self.vocab, self.data = build_datasets(cfg.dataset, encoder.transform(), ["train", "val", cfg.eval.split],
+                                                   features=features)
+        self.objective.prepare(self.data["train"])  # objective=scst: the reward's references, tokenized once
+        self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab), encoder).to(self.device)
+        if distributed.world_size() > 1 and self.device.type == "cuda":  # BatchNorm statistics of the global batch
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the test split
+        self.instances = load_instances(cfg.eval.get("instances"), self.data[cfg.eval.split]) if self.is_main else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = instantiate(cfg.optim)(params)
+        sched = cfg.get("scheduler")
+        self.scheduler = instantiate(sched)(self.optimizer) if sched and sched.get("_target_") else None
+        self.epoch, self.step, self.best, self.bad_epochs = 0, 0, float("-inf"), 0
+        self.history: list[dict[str, Any]] = []
+        self.train_seconds, self.epoch_started = 0.0, time.monotonic()
+        # Mid-epoch: where the epoch in progress stands (batches done, running sums), so a checkpoint taken there
+        # resumes at the next batch; None between epochs.
+        self.position: dict[str, Any] | None = None
+        self.stop = StopRequest()  # run.train installs its signal handlers around fit(); inactive otherwise
+        decay = self.tc.reinforce.baseline_decay  # under torchrun: one baseline of the global batch on every rank
+        synced = distributed.initialized()
+        self.baseline = distributed.GlobalMeanBaseline(decay) if synced else MovingAverageBaseline(decay)
+        self.ckpt_dir = out_dir / "checkpoints"
+        self.scaler = precision.grad_scaler(self.amp_dtype, self.device)  # fp16 only; bf16 needs no loss scaling
+        # The loss runs through `forward_model`: the objective's view of the model (the captioner itself, or for
+        # objective=scst a module whose forward samples captions), under torchrun wrapped in DDP, which averages
+        # gradients over the ranks during backward. Decoding and checkpoints use `self.model`, the plain captioner.
+        self.forward_model: torch.nn.Module = self.objective.wrap(self.model)
+        self.step_stats: dict[str, float] = {}  # what the objective logs besides the loss terms, for the last step
+        self.loss_settings = LossSettings.of(self.tc)  # read from the config once, not at every step
+        if distributed.initialized():
+            self.forward_model = DistributedDataParallel(
+                self.forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                # hard attention switches graphs per batch; a feature cache leaves the encoder out of the forward
+                find_unused_parameters=selects_regions(self.model) or features is not None)
+        logger.info("model: %.2fM trainable parameters on %s", sum(p.numel() for p in params) / 1e6, self.device)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        """Resolved config stored in every checkpoint."""
+        resolved = OmegaConf.to_container(self.cfg, resolve=True)
+        assert isinstance(resolved, dict)
+        return {**resolved, "model": model_config(self.cfg)}
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything but the weights that decides the rest of the run: optimizer, schedule, counters, early
+        stopping, the epoch's position and every rank's RNG states (a collective: every rank calls it)."""
+        seconds = self.train_seconds + (time.monotonic() - self.epoch_started if self.position else 0.0)
+        return dict(optimizer=self.optimizer.state_dict(),
+                    scheduler=self.scheduler.state_dict() if self.scheduler else None,
+                    epoch=self.epoch, step=self.step, best=self.best, bad_epochs=self.bad_epochs,
+                    history=self.history, train_seconds=seconds, baseline=self.baseline.state_dict(),
+                    objective=self.objective.state_dict(),
+                    scaler=self.scaler.state_dict() if self.scaler else None, position=self.position,
+                    rng=distributed.all_gather_objects(randomness.rng_state(self.device)))
+
+    def save(self, name: str, state: dict[str, Any]) -> Path:
+        """Write a checkpoint: the weights and `state` (from training_state), everything needed to resume."""
+        return save_checkpoint(self.ckpt_dir / name, self.model, self.vocab, self.config_dict(), **state)
+
+    def write_history(self) -> None:
+        """history.json: one entry per finished epoch (rank 0)."""
+        if self.is_main:
+            (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
+
+    def write_curves(self) -> None:
+        """curves.png from history.json (rank 0; nothing before the first epoch has ended)."""
+        if self.is_main and self.history:
+            plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)
+
+    def resume(self, path: Path) -> None:
+        """Restore model, optimizer, scheduler, counters, the epoch's position and the RNG states from a
+        checkpoint of the same model, so that the run goes on exactly as if it had never stopped."""
+        ckpt = read_checkpoint(path, map_location=self.device)
+        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
+            raise ValueError(f"cannot resume from {path}: it was trained with a different model config or "
+                             "vocabulary; start a new run or use the same overrides")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scheduler and ckpt.get("scheduler"):
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.epoch, self.step, self.best = ckpt["epoch"], ckpt["step"], ckpt["best"]
+        self.bad_epochs, self.history = ckpt["bad_epochs"], ckpt["history"]
+        self.train_seconds = ckpt.get("train_seconds", 0.0)
+        self.baseline.load_state_dict(ckpt["baseline"])
+        self.objective.load_state_dict(ckpt.get("objective") or {})
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.position = ckpt.get("position")
+        rng = ckpt.get("rng") or []
+        if len(rng) == distributed.world_size():  # no set_seed after this: the run's streams go on where they were
+            randomness.set_rng_state(rng[distributed.rank()], self.device)
+        else:
+            logger.warning("%s holds the random state of %d process(es), this launch has %d: the resumed run goes "
+                           "on from here but will not repeat an uninterrupted one exactly", path, len(rng),
+                           distributed.world_size())
+        self.write_history()  # the finished epochs, whatever an interrupted run left in history.json
+        where = f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position else f"epoch {self.epoch}"
+        logger.info("resumed from %s at %s (best %s %.4f)", path, where, self.tc.monitor, self.best)
+
+    def init_weights(self, path: Path) -> None:
+        """init_from=PATH: start from a checkpoint's weights only (same model config and vocabulary), with this
+        run's fresh optimizer, schedule and counters (e.g. self-critical training after cross-entropy)."""
+        ckpt = read_checkpoint(path, map_location=self.device)
+        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
+            raise ValueError(f"cannot init_from {path}: it was trained with a different model config or vocabulary; "
+                             "give this run the checkpoint's encoder, attention, decoder and dataset settings")
+        self.model.load_state_dict(ckpt["model"])
+        logger.info("initialised the weights from %s (epoch %s of its run)", path, ckpt.get("epoch"))
+
+    # -- loops -------------------------------------------------------------------------------
+    def loss(self, batch: Batch) -> LossTerms:
+        """Forward one minibatch and compute the objective's loss (objective=xe: teacher forcing, with REINFORCE
+        terms when attention samples regions); what the objective logs besides goes to `step_stats`."""
+        self.model.decoder.attention.begin_batch()
+        ctx = LossContext(self.forward_model, self.model, self.device, self.amp_dtype, self.baseline,
+                          self.loss_settings, selects_regions(self.model))
+        terms, self.step_stats = self.objective.loss(ctx, batch)
+        return terms
+
+    def optimizer_step(self, loss: torch.Tensor) -> None:
+        """Backward (DDP averages gradients over the ranks here), clipping and one step; fp16 scales the loss."""
+        precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(), self.tc.grad_clip)
+
+    def train_loader(self, start: int = 0) -> tuple[DataLoader, int]:
+        """This epoch's shuffled training batches from batch `start` on, and the epoch's number of batches.
+
+        The order is a pure function of (seed, epoch) (randomness.epoch_batches), so a resumed run reads the same
+        batches. Under torchrun each rank reads its own 1/N of the epoch (DistributedSampler, set_epoch), so the
+        global batch is N x dataset.batch_size images (dataset.batch_unit=captions: captions, each distinct
+        image of a batch encoded once)."""
+        dc, seed = self.cfg.dataset, int(self.cfg.seed)
+        ds, collate = training_view(self.data["train"], dc.get("batch_unit", "images"))
+        sampler: DistributedSampler | None = None
+        if distributed.initialized():
+            sampler = DistributedSampler(ds, shuffle=True, seed=seed, drop_last=False)
+            sampler.set_epoch(self.epoch)
+        batches = randomness.epoch_batches(len(ds), dc.batch_size, seed, self.epoch, distributed.rank(), sampler)
+        workers = torch.Generator().manual_seed(randomness.derive_seed(seed, self.epoch, distributed.rank(), start))
+        return DataLoader(randomness.SeededItems(ds), batch_sampler=batches[start:], collate_fn=collate,
+                          num_workers=dc.num_workers, generator=workers), len(batches)
+
+    def train_epoch(self, writer: SummaryWriter | distributed.NullWriter,
+                    deadline: float | None) -> tuple[dict[str, float], bool]:
+        """One pass over the training split (the rest of it after a mid-epoch resume); returns mean losses and
+        whether the time budget ran out. trainer.checkpoint_every: last.pt every N steps, with the position."""
+        self.model.train()
+        pos = self.position or {"batch": 0, "count": 0, "skipped": [],
+                                "sums": {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}}
+        done, sums, n, skipped = pos["batch"], dict(pos["sums"]), pos["count"], list(pos["skipped"])
+        loader, num_batches = self.train_loader(done)
+        bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", initial=done, total=num_batches,
+                   disable=not (self.tc.progress and self.is_main))
+        every, out_of_time = self.tc.get("checkpoint_every"), False
+        for batch in bar:
+            done += 1
+            skipped += batch.skipped
+            if distributed.any_rank(not batch.indices):  # all ranks skip together, or DDP's gradient sync would hang
+                continue
+            terms = self.loss(batch.to(self.device))
+            self.optimizer_step(terms.total)
+            if isinstance(self.baseline, distributed.GlobalMeanBaseline) and selects_regions(self.model):
+                self.baseline.sync()  # the same decision on every rank: the attention type, not this step's coin
+            self.step += 1
+            vals: dict[str, float] = {"loss": terms.total.item(), "nll": terms.nll.item(),
+                                      "token_nll": terms.token_nll.item(), "attention_reg": terms.attention_reg.item()}
+            if terms.policy is not None and terms.entropy is not None:
+                vals.update(policy=terms.policy.item(), entropy=terms.entropy.item())
+                if self.baseline.value is not None:  # set by the loss's first update
+                    vals["baseline"] = self.baseline.value
+            vals.update(self.step_stats)  # objective=scst: reward, its baseline, advantage, CIDEr-D, lengths
+            for k, v in vals.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n += 1
+            bar.set_postfix(loss=f"{vals['loss']:.3f}", ppl=f"{math.exp(vals['token_nll']):.2f}")
+            if self.step % self.tc.log_every == 0:  # the same steps on every rank
+                for k, v in distributed.pooled_means(vals, 1).items():
+                    writer.add_scalar(f"train/{k}", v, self.step)
+            stop = distributed.any_rank(self.stop.requested is not None)  # every rank stops at the same step
+            if stop or (every and self.step % every == 0 and done < num_batches):  # else the epoch's end writes it
+                self.position = {"batch": done, "sums": dict(sums), "count": n, "skipped": list(skipped)}
+                state = self.training_state()
+                if self.is_main:
+                    self.save("last.pt", state)
+                if stop:
+                    raise TrainingInterrupted(self.stop.requested or "signal", self.epoch, self.step,
+                                              self.ckpt_dir / "last.pt")
+            if deadline is not None and distributed.any_rank(time.monotonic() > deadline):
+                out_of_time = True
+                break
+        if skipped:
+            logger.warning("epoch %d: skipped %d unreadable training images: %s", self.epoch + 1, len(skipped),
+                           "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+        num_skipped = sum(distributed.all_gather_objects(len(skipped)))
+        self.position = None
+        return distributed.pooled_means(sums, n) | {"skipped_images": num_skipped}, out_of_time
+
+    def decode(self, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
+               batch_size: int) -> list[Prediction]:
+        """decode_split of a whole split. Under torchrun each rank decodes its 1/N shard and rank 0 receives all
+        predictions in data set order, exactly those of a single-process decode; the other ranks get []."""
+        progress = self.tc.progress and self.is_main
+        with randomness.forked(self.device):  # decoding (e.g. test_mode=sample) leaves training's streams alone
+            if not distributed.initialized():
+                return decode_split(self.model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
+            preds = decode_split(self.model, distributed.shard(dataset), beam_size, max_len, length_penalty,
+                                 batch_size, progress)
+        rank, world = distributed.rank(), distributed.world_size()
+        for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
+            p.index, p.alphas = rank + world * p.index, p.alphas.cpu()
+        parts = distributed.gather_objects(preds)
+        return sorted((p for part in parts for p in part), key=lambda p: p.index) if parts is not None else []
+
+    def validate(self) -> dict[str, Any]:
+        """Decode the validation split (real decoding) and score it; every rank gets rank 0's scores, so early
+        stopping and the LR schedule take the same decisions everywhere."""
+        preds = self.decode(self.data["val"], self.tc.val_beam_size, self.cfg.eval.max_len, 0.0,
+                            self.cfg.eval.batch_size)
+        val = score_predictions(preds, self.data["val"], ("bleu", "cider")) if self.is_main else None
+        return distributed.broadcast_object(val)  # type: ignore[arg-type]  # rank 0's scores on every rank
+
+    def fit(self, writer: SummaryWriter | distributed.NullWriter) -> None:
+        """Epochs with validation, LR schedule, best/last checkpoints and early stopping."""
+        budget = self.tc.max_minutes
+        deadline = time.monotonic() + budget * 60 - self.train_seconds if budget else None
+        while self.epoch < self.tc.max_epochs and self.bad_epochs < self.tc.patience:
+            self.epoch_started = time.monotonic()
+            losses, out_of_time = self.train_epoch(writer, deadline)
+            val = self.validate()
+            self.epoch += 1
+            self.train_seconds += time.monotonic() - self.epoch_started
+            if self.tc.monitor not in val:
+                raise ValueError(f"trainer.monitor={self.tc.monitor} is not available on {self.cfg.dataset.name} "
+                                 "(attention correctness needs object boxes); monitor CIDEr or BLEU instead")
+            score = float(val[self.tc.monitor])
+            self.history.append({"epoch": self.epoch, "step": self.step, **losses,
+                                 **{f"val_{k}": v for k, v in val.items() if isinstance(v, (int, float))}})
+            for k, v in self.history[-1].items():
+                writer.add_scalar(f"epoch/{k}", v, self.epoch)
+            if self.scheduler is not None:
+                is_plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+                self.scheduler.step(score) if is_plateau else self.scheduler.step()
+            improved = score > self.best
+            self.best, self.bad_epochs = (score, 0) if improved else (self.best, self.bad_epochs + 1)
+            state = self.training_state()
+            if self.is_main:  # one copy of every file: rank 0's; last.pt last, so a run stopped before it repeats all
+                if improved:
+                    self.save("best.pt", state)
+                self.write_history()
+                self.save("last.pt", state)
+            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s", self.epoch,
+                        losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
+                        val.get("attention_correctness", float("nan")), " (best)" if improved else "")
+            if out_of_time:
+                logger.info("time budget of %s minutes reached", budget)
+                break
+            if distributed.any_rank(self.stop.requested is not None):  # the epoch's last.pt is the place to stop
+                raise TrainingInterrupted(self.stop.requested or "signal", self.epoch, self.step,
+                                          self.ckpt_dir / "last.pt")
+
+    def test(self) -> dict[str, Any]:
+        """Evaluate the best checkpoint on the test split with the eval settings; rank 0 writes metrics.json and
+        the figures; every rank returns the metrics."""
+        distributed.barrier()  # rank 0 has written best.pt
+        best = read_checkpoint(self.ckpt_dir / "best.pt", map_location=self.device)
+        self.model.load_state_dict(best["model"])
+        ev, ds = self.cfg.eval, self.data[self.cfg.eval.split]
+        preds = self.decode(ds, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size)
+        if not self.is_main:
+            return distributed.broadcast_object(None)  # type: ignore[arg-type]  # rank 0's metrics arrive
+        metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
+                   "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
+                   "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch,
+                   "train_seconds": round(self.train_seconds, 1)}
+        if self.instances is not None:  # eval.instances: attention correctness on COCO instance masks
+            metrics.update(instance_correctness(preds, self.instances, self.model))
+        self.write_curves()  # embedded in report.html
+        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
+                      self.model.encoder.view, report=ev.get("report", True))
+        return distributed.broadcast_object(metrics)

@@ -1,0 +1,57 @@
+"""Every config group entry and experiment preset composes; presets say what they promise."""
+
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from captioning.runtime import CONF_DIR
+
+CONF = CONF_DIR
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_default_is_the_cpu_shapes_run():
+    cfg = _compose()
+    assert cfg.dataset.name == "shapes" and cfg.encoder._target_.endswith("SmallCNN")
+    assert cfg.attention._target_.endswith("SoftAttention") and cfg.device == "auto"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_paper_presets(preset):
+    cfg = _compose(f"experiment={preset}")
+    dataset = preset.split("_")[0]
+    assert cfg.dataset.name == dataset and cfg.dataset.max_vocab == 10000
+    scst = preset.endswith("_scst")  # self-critical fine-tuning selects by the CIDEr it optimises
+    assert cfg.trainer.attention_weight == 1.0 and cfg.decoder.dropout == 0.5
+    assert cfg.trainer.monitor == ("CIDEr" if scst else "Bleu_4")
+    assert cfg.objective._target_.endswith("SelfCritical" if scst else "CrossEntropy")
+    assert cfg.encoder.pretrained is True
+    expected_encoder = "ResNetEncoder" if "resnet" in preset else "VGGEncoder"
+    assert cfg.encoder._target_.endswith(expected_encoder)
+    assert cfg.optim._target_ == ("torch.optim.RMSprop" if dataset == "flickr8k" else "torch.optim.Adam")
+    assert cfg.attention._target_.endswith("HardAttention" if "hard" in preset else "SoftAttention")
+    if "hard" in preset:
+        assert cfg.attention.expected_context_prob == 0.5  # the paper's value, not the shapes default
+
+
+@pytest.mark.parametrize("group", ["encoder", "attention", "decoder", "dataset", "optim", "scheduler", "objective"])
+def test_every_group_entry_composes(group):
+    for entry in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+        cfg = _compose(f"{group}={entry}")
+        assert group in cfg
+
+
+@pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONF / "dataset").glob("*.yaml")))
+def test_every_data_set_reads_its_split_file_unless_told_to_read_raw_coco(dataset):
+    cfg = _compose(f"dataset={dataset}", "dataset.annotations=/d/split.json", "dataset.image_root=/d/images")
+    assert dict(cfg.dataset.reader) == {"_target_": "captioning.data.karpathy.read_karpathy_splits",
+                                        "annotations": "/d/split.json", "image_root": "/d/images"}
+    coco = _compose(f"dataset={dataset}", "dataset/reader=coco", "dataset.image_root=/d/images", "data_dir=/d").dataset
+    assert coco.reader._target_ == "captioning.data.coco_captions.read_coco_captions"
+    assert coco.reader.image_root == "/d/images"
+    assert coco.reader.train_captions == "/d/coco/annotations/captions_train2014.json"

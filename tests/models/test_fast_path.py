@@ -1,0 +1,303 @@
+"""The fast paths compute what the plain step-by-step implementation computes: teacher forcing (logits, alphas,
+losses, every gradient) for both decoders and every attention type, shared-image attention rows, the fused
+additive score, beam search / greedy without copies of a, and the FLOP count the benchmark divides by."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
+
+from captioning.decoding import beam_search, greedy_decode
+from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
+from captioning.models import attention as attention_module
+from captioning.models import registry
+from captioning.models.attention import SoftAttention, additive_scores
+from captioning.models.attention_family import grid_positions
+from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
+from captioning.models.luong_decoder import LuongDecoder
+from captioning.runtime import CONF_DIR
+
+CONF = CONF_DIR / "attention"
+NAMES = sorted(p.stem for p in CONF.glob("*.yaml"))  # soft, hard, dot, general, concat, local, location, multihead
+SMALL = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "kernel_size": 3, "num_heads": 2, "head_dim": 4,
+         "half_width": 2}
+V, D, GRID = 13, 10, (4, 5)
+DECODERS = ["sat", "luong", "luong_no_feeding"]
+
+
+def _decoder(kind: str, name: str, dropout: float = 0.0, **attention) -> torch.nn.Module:
+    """A small decoder of `kind` with conf/attention/<name>.yaml shrunk."""
+    spec = {k: SMALL.get(k, v) for k, v in OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml")).items()}
+    cls, kwargs = registry.resolve("attention", {**spec, **attention}, name)
+    att = functools.partial(cls, **kwargs)
+    torch.manual_seed(0)
+    if kind == "sat":
+        return ShowAttendTellDecoder(V, D, att, embed_dim=6, hidden_dim=7, dropout=dropout, init_layers=2)
+    return LuongDecoder(V, D, att, embed_dim=6, hidden_dim=7, dropout=dropout, input_feeding=kind == "luong")
+
+
+def _data(B: int = 3, k: int = 2, T: int = 6, dtype=torch.float64):
+    """a (B, L, D) on a (4, 5) grid with image 0 padded to 3 x 4, and k captions (T + 1 tokens) per image."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(B, GRID[0] * GRID[1], D, generator=g).relu().to(dtype)
+    mask = torch.ones(B, a.shape[1], dtype=torch.bool)
+    pos = grid_positions(*GRID)
+    mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
+    captions = torch.randint(3, V, (B * k, T + 1), generator=g)
+    captions[:, 0] = 1  # <start>
+    captions[0, 4:] = 0  # a padded caption
+    return a, mask, captions
+
+
+def plain_forward(dec, a, captions, image_index=None, mask=None, grid=None) -> DecoderOutput:
+    """The step-by-step implementation: every caption with its own copy of a and keys, nn.LSTMCell per step."""
+    keys = dec.attention.prepare(a, grid)
+    if image_index is not None:
+        a, keys, mask = a[image_index], keys[image_index], None if mask is None else mask[image_index]
+    state = dec.init_state(a, mask)
+    emb = dec.embed(captions[:, :-1])  # (N, T, m)
+    outs, alphas, betas, log_probs, entropies = [], [], [], [], []
+    for t in range(captions.shape[1] - 1):
+        if isinstance(dec, LuongDecoder):
+            state, att = dec.advance(emb[:, t], state, a, keys, mask)
+            outs.append(state[2]), betas.append(torch.ones_like(att.alpha[:, 0]))
+        else:
+            att, z, beta = dec.attend(a, keys, state, mask)
+            h, c = dec.lstm(torch.cat([emb[:, t], z], dim=1), state[:2])
+            state = (h, c, att.alpha)
+            outs.append((h, z)), betas.append(beta)
+        alphas.append(att.alpha)
+        if att.log_prob is not None:
+            log_probs.append(att.log_prob), entropies.append(att.entropy)
+    if isinstance(dec, LuongDecoder):
+        logits = dec.output(torch.stack(outs, 1))
+    else:
+        logits = dec.output(emb, torch.stack([h for h, _ in outs], 1), torch.stack([z for _, z in outs], 1))
+    return DecoderOutput(logits, torch.stack(alphas, 1), torch.stack(betas, 1),
+                         torch.stack(log_probs, 1) if log_probs else None,
+                         torch.stack(entropies, 1) if entropies else None)
+
+
+def _loss(out: DecoderOutput, captions: torch.Tensor) -> torch.Tensor:
+    """The training loss with every term that reaches the model: NLL, doubly stochastic, REINFORCE, entropy."""
+    return hard_attention_loss(out.logits, captions[:, 1:], out.alphas, out.log_probs, out.entropies, 0,
+                               MovingAverageBaseline(0.9), attention_weight=1.0, reward_weight=0.5,
+                               entropy_weight=0.1).total
+
+
+def _run(dec, fn, a, captions, index, mask, seed: int = 5):
+    torch.manual_seed(seed)
+    dec.zero_grad()
+    out = fn(dec, a, captions, index, mask=mask, grid=GRID)
+    _loss(out, captions).backward()
+    return out, {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}
+
+
+def _compare(dec, a, mask, captions, index, atol=1e-9, rtol=1e-7):
+    fast, fast_grads = _run(dec, type(dec).forward, a, captions, index, mask)
+    plain, plain_grads = _run(dec, plain_forward, a, captions, index, mask)
+    for field in ("logits", "alphas", "betas", "log_probs", "entropies"):
+        f, p = getattr(fast, field), getattr(plain, field)
+        assert (f is None) == (p is None), field
+        if f is not None:
+            torch.testing.assert_close(f, p, atol=atol, rtol=rtol, msg=field)
+    assert fast_grads.keys() == plain_grads.keys()
+    for n in plain_grads:
+        torch.testing.assert_close(fast_grads[n], plain_grads[n], atol=atol, rtol=rtol, msg=n)
+
+
+INDEXES = {"none": None, "k=2": torch.arange(3).repeat_interleave(2), "irregular": torch.tensor([2, 0, 0, 1, 2, 1])}
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("index", list(INDEXES))
+def test_teacher_forcing_matches_the_step_by_step_loop(kind, name, index):
+    dec = _decoder(kind, name, dropout=0.3).double().train()
+    a, mask, captions = _data(k=1 if index == "none" else 2)
+    if name == "hard":
+        dec.attention.sample_this_batch = True  # sampled regions; the same draws in the same order
+        mask = None  # H(alpha)'s gradient at a padded region's alpha = 0 is NaN in both paths (x log x at 0)
+    _compare(dec, a, mask, captions, INDEXES[index])
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_float32_and_eval_mode(kind):
+    dec = _decoder(kind, "soft").train()
+    a, mask, captions = _data(dtype=torch.float32)
+    _compare(dec, a, mask, captions, INDEXES["k=2"], atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        fast, plain = dec.eval()(a, captions, INDEXES["k=2"], mask, GRID), plain_forward(dec, a, captions,
+                                                                                          INDEXES["k=2"], mask, GRID)
+    torch.testing.assert_close(fast.logits, plain.logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_a_training_step_frees_its_graph_without_the_cycle_collector(kind, monkeypatch):
+    """The unrolled LSTM's tapes are freed by reference counting once the step's tensors go: a tape that held a
+    tensor of the graph closed a cycle, and each step's activations stayed until the cycle collector ran (25 MB
+    a step on the default `shapes` model)."""
+    import gc
+    import weakref
+
+    from captioning.models import decoder as decoder_module
+
+    tapes: list[weakref.ref] = []
+
+    class Recorded(decoder_module._Tape):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            tapes.append(weakref.ref(self))
+
+    class RecordedLSTM(decoder_module._LSTMTape):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            tapes.append(weakref.ref(self))
+
+    monkeypatch.setattr(decoder_module, "_Tape", Recorded)
+    monkeypatch.setattr(decoder_module, "_LSTMTape", RecordedLSTM)
+    dec = _decoder(kind, "soft").train()
+    a, mask, captions = _data(dtype=torch.float32)
+    gc.collect()
+    gc.disable()
+    try:
+        _loss(dec(a, captions, INDEXES["k=2"], mask, GRID), captions).backward()
+        assert tapes and all(ref() is None for ref in tapes)
+    finally:
+        gc.enable()
+
+
+def test_hard_attention_draws_the_same_regions_as_the_loop():
+    dec = _decoder("sat", "hard").train()
+    a, mask, captions = _data(dtype=torch.float32)
+    index = INDEXES["k=2"]
+    dec.attention.sample_this_batch = True
+    torch.manual_seed(7)
+    fast = dec(a, captions, index, mask, GRID)
+    after_fast = torch.rand(3)
+    torch.manual_seed(7)
+    plain = plain_forward(dec, a, captions, index, mask, GRID)
+    torch.testing.assert_close(fast.log_probs, plain.log_probs, atol=1e-5, rtol=1e-5)
+    assert torch.equal(after_fast, torch.rand(3))  # the same number of random draws
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_additive_score_gradients_and_inference_chunks(k, bias, monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randn(4, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)  # (B, L, A)
+    q = torch.randn(4 * k, 3, generator=g, dtype=torch.float64, requires_grad=True)  # (N, A)
+    w = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(1, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    torch.autograd.gradcheck(additive_scores, (keys, q, w, b))
+    plain = torch.tanh(keys.repeat_interleave(k, 0) + q.unsqueeze(1)) @ w + (0 if b is None else b)  # (N, L)
+    torch.testing.assert_close(additive_scores(keys, q, w, b), plain)
+    monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * k * 5 * 3 + 1)  # two images per chunk, one left
+    with torch.no_grad():
+        torch.testing.assert_close(additive_scores(keys, q, w, b), plain)
+
+
+def test_soft_attention_is_the_papers_formula():
+    torch.manual_seed(0)
+    att = SoftAttention(6, 5, attention_dim=4)
+    a, h = torch.randn(2, 9, 6), torch.randn(2, 5)
+    out = att(a, att.prepare(a), h)
+    e = att.w(torch.tanh(att.W_a(a) + att.W_h(h).unsqueeze(1))).squeeze(-1)  # (B, L)
+    torch.testing.assert_close(out.alpha, torch.softmax(e, -1))
+    torch.testing.assert_close(out.context, torch.einsum("bl,bld->bd", out.alpha, a))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_k_rows_per_image_equal_k_copies_of_the_image(name):
+    dec = _decoder("sat", name).eval()
+    a, mask, _ = _data(dtype=torch.float32)
+    keys = dec.attention.prepare(a, GRID)
+    h = torch.randn(9, 7)  # 3 rows per image
+    prev = torch.softmax(torch.randn(9, a.shape[1]).masked_fill(~mask.repeat_interleave(3, 0), -1e9), -1)
+    with torch.no_grad():
+        shared = dec.attention(a, keys, h, mask, prev)
+        copied = dec.attention(*(x.repeat_interleave(3, 0) for x in (a, keys)), h, mask.repeat_interleave(3, 0), prev)
+    torch.testing.assert_close(shared.alpha, copied.alpha, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(shared.context, copied.context, atol=1e-6, rtol=1e-5)
+
+
+class _Copies:
+    """A decoder seen without `rows_share_images`: beam search gives it k copies of a, keys and mask."""
+
+    def __init__(self, dec):
+        self.dec, self.attention = dec, dec.attention
+
+    def init_state(self, a, mask=None):
+        return self.dec.init_state(a, mask)
+
+    def step(self, words, state, a, keys, mask=None):
+        return self.dec.step(words, state, a, keys, mask)
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("name", NAMES)
+def test_beam_search_on_shared_rows_equals_copied_rows(kind, name):
+    dec = _decoder(kind, name).eval()
+    a, mask, _ = _data(B=4, dtype=torch.float32)
+    with torch.no_grad():
+        (dec.L_o if kind == "sat" else dec.W_s).bias[2] += 1.5  # some captions end before max_len
+    for k in (1, 3):
+        fast = beam_search(dec, a, k, 8, mask=mask, grid=GRID)
+        plain = beam_search(_Copies(dec), a, k, 8, mask=mask, grid=GRID)
+        assert fast.tokens == plain.tokens
+        torch.testing.assert_close(fast.scores, plain.scores, atol=1e-5, rtol=1e-5)
+        for f, p in zip(fast.alphas, plain.alphas):
+            torch.testing.assert_close(f, p, atol=1e-6, rtol=1e-5)
+    greedy = greedy_decode(dec, a, 8, mask=mask, grid=GRID)
+    assert greedy.tokens == beam_search(dec, a, 1, 8, mask=mask, grid=GRID).tokens
+
+
+def _linear_scores(att: SoftAttention):
+    """The soft score written out with nn.Linear (what the FLOP count describes), keys copied per row."""
+    def scores(keys, h):
+        keys = keys.repeat_interleave(h.shape[0] // keys.shape[0], 0)  # (N, L, A)
+        return att.w(torch.tanh(keys + att.W_h(h).unsqueeze(1))).squeeze(-1)  # (N, L)
+    return scores
+
+
+def _plain_soft_forward(dec, a, captions):
+    """plain_forward with the soft score written out with nn.Linear."""
+    att = dec.attention
+    original = att.scores
+    att.scores = _linear_scores(att)
+    try:
+        return plain_forward(dec, a, captions)
+    finally:
+        att.scores = original
+
+
+@pytest.mark.parametrize("init_layers", [1, 2])
+def test_flop_count_matches_flop_counter_mode(init_layers):
+    sizes = DecoderSizes(vocab_size=V, annotation_dim=D, regions=20, embed_dim=6, hidden_dim=7, attention_dim=8,
+                         init_layers=init_layers)
+    torch.manual_seed(0)
+    dec = ShowAttendTellDecoder(V, D, functools.partial(SoftAttention, attention_dim=8), embed_dim=6, hidden_dim=7,
+                                init_layers=init_layers)
+    a, _, captions = _data(B=4, k=1)
+    a = a.float()
+    with FlopCounterMode(display=False) as fwd:
+        out = _plain_soft_forward(dec, a, captions)
+    assert fwd.get_total_flops() == teacher_forcing_flops(sizes, 4, 4, 6)
+    with FlopCounterMode(display=False) as both:
+        out = _plain_soft_forward(dec, a, captions)
+        caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
+    assert both.get_total_flops() == teacher_forcing_flops(sizes, 4, 4, 6, backward=True)
+    dec.eval()
+    att, scores = dec.attention, dec.attention.scores
+    att.scores = _linear_scores(att)
+    rows, step = [], dec.step
+    dec.step = lambda words, *args: rows.append(words.shape[0]) or step(words, *args)
+    with FlopCounterMode(display=False) as dec_flops, torch.no_grad():
+        beam_search(dec, a, 3, max_len=5)
+    att.scores, dec.step = scores, step
+    assert dec_flops.get_total_flops() == decoding_flops(sizes, 4, sum(rows))

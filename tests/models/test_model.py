@@ -1,0 +1,123 @@
+"""Value checks of the soft-attention captioner (shapes, alpha normalisation, masks, gradients) and its registry."""
+
+from typing import Any, Literal
+
+import pytest
+import torch
+from fixtures import TINY_MODEL
+from omegaconf import OmegaConf
+
+from captioning.losses import caption_loss
+from captioning.models import registry
+from captioning.models.attention import SoftAttention
+from captioning.models.captioner import build_captioner
+from captioning.runtime import CONF_DIR
+
+
+def _batch(B=3, caps_per_image=2, T=7, V=12):
+    torch.manual_seed(1)
+    images = torch.randn(B, 3, 32, 32)
+    captions = torch.randint(4, V, (B * caps_per_image, T))
+    captions[:, 0] = 1
+    captions[0, 5:] = 0  # a padded caption
+    return images, captions, torch.arange(B).repeat_interleave(caps_per_image)
+
+
+def test_output_shapes_and_alphas_sum_to_one(tiny_model):
+    images, captions, idx = _batch()
+    a, grid = tiny_model.encode(images)
+    assert a.shape == (3, 64, 16) and grid == (8, 8)  # (B, L, D)
+    out = tiny_model(images, captions, idx)
+    N, T = captions.shape[0], captions.shape[1] - 1
+    assert out.logits.shape == (N, T, 12)
+    assert out.alphas.shape == (N, T, 64)
+    assert out.betas.shape == (N, T) and ((out.betas > 0) & (out.betas < 1)).all()
+    torch.testing.assert_close(out.alphas.sum(-1), torch.ones(N, T))
+
+
+def test_captions_of_one_image_share_its_encoding(tiny_model):
+    images, captions, idx = _batch()
+    tiny_model.eval()
+    out = tiny_model(images, captions, idx)
+    # The same caption fed for image 1 alone gives the same logits as inside the batch.
+    alone = tiny_model(images[1:2], captions[2:3], torch.zeros(1, dtype=torch.long))
+    torch.testing.assert_close(alone.logits[0], out.logits[2], atol=1e-5, rtol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient(tiny_model):
+    images, captions, idx = _batch()
+    out = tiny_model(images, captions, idx)
+    caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
+    missing = [n for n, p in tiny_model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    assert not missing, missing
+
+
+def test_masked_regions_get_zero_weight():
+    torch.manual_seed(0)
+    att = SoftAttention(annotation_dim=6, hidden_dim=5, attention_dim=4)
+    a, h = torch.randn(2, 9, 6), torch.randn(2, 5)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, 4:] = False  # image 0 has a smaller grid
+    out = att(a, att.prepare(a), h, mask)
+    assert (out.alpha[0, 4:] == 0).all()
+    torch.testing.assert_close(out.alpha.sum(-1), torch.ones(2))
+    torch.testing.assert_close(out.context[0], out.alpha[0, :4] @ a[0, :4])
+
+
+def test_state_init_uses_the_mean_annotation(tiny_model):
+    dec = tiny_model.decoder
+    a = torch.randn(2, 10, 16)
+    h, c, alpha0 = dec.init_state(a)
+    torch.testing.assert_close(h, torch.tanh(dec.init_h(a.mean(1))))
+    torch.testing.assert_close(c, torch.tanh(dec.init_c(a.mean(1))))
+    torch.testing.assert_close(alpha0, torch.full((2, 10), 0.1))
+
+
+# -- the registry: the one place a model's classes come from ---------------------------------------------------
+CONF = CONF_DIR
+
+
+@pytest.mark.parametrize("group", ["encoder", "attention", "decoder"])
+def test_every_conf_target_is_registered_and_its_arguments_pass_the_check(group):
+    files = sorted((CONF / group).glob("*.yaml"))
+    assert files
+    for path in files:
+        spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        cls, kwargs = registry.resolve(group, spec, f"{path.name}")  # raises, naming the file, when it is not
+        assert registry.GROUPS[group][spec["_target_"]] is cls and "_target_" not in kwargs
+
+
+@pytest.mark.parametrize("group", sorted(registry.GROUPS))
+def test_registry_keys_are_the_import_paths_of_their_classes(group):
+    for name, cls in registry.GROUPS[group].items():
+        assert name == f"{cls.__module__}.{cls.__qualname__}"
+
+
+def test_build_captioner_takes_classes_from_the_registry_only():
+    spec = {**TINY_MODEL, "encoder": {**TINY_MODEL["encoder"], "_target_": "torch.nn.Identity"}}
+    with pytest.raises(registry.ModelSpecError, match=r"^encoder\._target_ 'torch\.nn\.Identity' is not one of this "
+                       r"project's encoders \(SmallCNN, VGGEncoder, ResNetEncoder"):
+        build_captioner(spec, vocab_size=12)
+    with pytest.raises(registry.ModelSpecError, match=r"^decoder\.hidden_size is not an argument of "
+                       r"ShowAttendTellDecoder \(it takes embed_dim, hidden_dim"):
+        build_captioner({**TINY_MODEL, "decoder": {**TINY_MODEL["decoder"], "hidden_size": 8}}, vocab_size=12)
+
+
+def test_a_hydra_config_and_a_plain_dict_build_the_same_model():
+    torch.manual_seed(0)
+    from_dict = build_captioner(TINY_MODEL, vocab_size=12)
+    torch.manual_seed(0)
+    from_cfg = build_captioner(OmegaConf.create(TINY_MODEL), vocab_size=12)
+    assert type(from_cfg.decoder.attention) is SoftAttention and from_cfg.decoder.attention.W_a.out_features == 16
+    for (n1, p1), (n2, p2) in zip(from_dict.state_dict().items(), from_cfg.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+
+
+@pytest.mark.parametrize("value, annotation, ok", [
+    (3, int, True), (True, int, False), (3.0, int, False), (3, float, True), ("3", float, False),
+    (None, float | None, True), ([1, 2], tuple[int, ...], True), ([1, "2"], tuple[int, ...], False),
+    ("top", Literal["none", "top"], True), ("all", Literal["none", "top"], False), (1, Literal[True], False),
+    ({"a": 1}, dict[str, int], False), (["a", 1], Any, True),
+])
+def test_value_types_are_checked_against_the_signature(value, annotation, ok):
+    assert registry._matches(value, annotation) is ok
