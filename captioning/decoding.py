@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import AttentionOutput
-from captioning.models.captioner import Captioner
 
 
 class StepDecoder(Protocol):
@@ -57,24 +56,24 @@ def _check(beam_size: int, max_len: int, length_penalty: float = 0.0) -> None:
         raise ValueError(f"length_penalty must be >= 0 (0 ranks by raw log-probability), got {length_penalty}")
 
 
-def _word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
+def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
     """log p(word) renormalised without `special` (<start> and <pad>), which are never targets in training."""
     return F.log_softmax(logits.index_fill(1, special, float("-inf")), dim=-1)  # (N, V)
 
 
-def _special(device: torch.device) -> torch.Tensor:
+def special_ids(device: torch.device) -> torch.Tensor:
     """The ids decoding never emits: <start> and <pad>."""
     return torch.tensor([Vocabulary.start_id, Vocabulary.pad_id], device=device)
 
 
-def _map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
+def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
     """Apply fn to every tensor of a decoder state: a tensor, or tuples of them (nested), row first; None stays."""
     if state is None:
         return None
     if isinstance(state, torch.Tensor):
         return fn(state)
     if isinstance(state, (tuple, list)):
-        items = [_map_state(fn, s) for s in state]
+        items = [map_state(fn, s) for s in state]
         return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
     raise TypeError(f"decoder state must be tensors (row first) in tuples, got {type(state).__name__}")
 
@@ -100,10 +99,10 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     seqs = a.new_full((B, max_len), pad, dtype=torch.long)  # word t of each caption, written in place
     maps = a.new_zeros(B, max_len, L)  # alpha_t of each word
     lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
-    special = _special(a.device)
+    special = special_ids(a.device)
     for t in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
-        logp = _word_log_probs(logits, special)  # (B, V)
+        logp = word_log_probs(logits, special)  # (B, V)
         words = logp.argmax(dim=-1).masked_fill(finished, pad)  # (B,); finished captions are fed <pad>
         scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
         seqs[:, t], maps[:, t] = words, att.alpha
@@ -162,9 +161,9 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     state = decoder.init_state(a, mask)
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
     logits, state, att = decoder.step(a.new_full((B,), Vocabulary.start_id, dtype=torch.long), state, a, keys, mask)
-    state, logits, alpha = _map_state(lambda x: x.repeat_interleave(k, dim=0), (state, logits, att.alpha))  # b*k + j
+    state, logits, alpha = map_state(lambda x: x.repeat_interleave(k, dim=0), (state, logits, att.alpha))  # b*k + j
     if not getattr(decoder, "rows_share_images", False):  # else the decoder reads k rows per image of a, keys, mask
-        a, keys, mask = _map_state(lambda x: x.repeat_interleave(k, dim=0), (a, keys, mask))  # (B k, L, D), ...
+        a, keys, mask = map_state(lambda x: x.repeat_interleave(k, dim=0), (a, keys, mask))  # (B k, L, D), ...
     scores = a.new_full((B, k), float("-inf"))
     scores[:, 0] = 0.0  # only the first copy may expand at step 0
     tokens = torch.zeros(max_len, B, k, dtype=torch.long, device=dev)  # word of live beam j after step t
@@ -175,14 +174,14 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     best_beam = torch.zeros(B, dtype=torch.long, device=dev)  # the beam holding its last word
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     first_row = (torch.arange(B, device=dev) * k).unsqueeze(1)  # (B, 1)
-    special, steps = _special(dev), max_len
+    special, steps = special_ids(dev), max_len
     words = tokens[0, :, 0]  # placeholder: step 0 ran above; every step sets the next words (B k,)
     for t in range(max_len):
         if t > 0:
             logits, state, att = decoder.step(words, state, a, keys, mask)
             alpha = att.alpha
         alphas[t] = alpha.view(B, k, L)
-        cand = _word_log_probs(logits, special).add_(scores.view(-1, 1)).view(B, k, -1)  # (B, k, V) raw log p
+        cand = word_log_probs(logits, special).add_(scores.view(-1, 1)).view(B, k, -1)  # (B, k, V) raw log p
         V = cand.shape[2]
         end_score, end_beam = cand[:, :, end].max(dim=1)  # (B,) the best continuation by <end>
         cand[:, :, end] = float("-inf")
@@ -194,7 +193,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         best_raw, best_norm = torch.where(better, end_score, best_raw), torch.where(better, end_norm, best_norm)
         best_len, best_beam = torch.where(better, t, best_len), torch.where(better, end_beam, best_beam)
         rows = (first_row + parent).view(-1)  # (B*k,) the row each new beam continues
-        state, words = _map_state(functools.partial(torch.index_select, dim=0, index=rows), state), word.view(-1)
+        state, words = map_state(functools.partial(torch.index_select, dim=0, index=rows), state), word.view(-1)
         if t + 1 < max_len:
             done |= best_norm >= scores[:, 0] / max_len ** lp
             if done.all():  # the one host sync per step
@@ -206,13 +205,3 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         best_len, best_beam = torch.where(better, max_len, best_len), torch.where(better, 0, best_beam)
     seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
     return _finish(seqs, maps, best_len, best_raw)
-
-
-@torch.no_grad()
-def generate(model: Captioner, images: torch.Tensor, beam_size: int = 3, max_len: int = 20,
-             length_penalty: float = 0.0) -> tuple[Decoded, tuple[int, int]]:
-    """Caption a batch of images; returns the decoded captions and the attention grid size (h, w)."""
-    a, grid = model.encode(images)  # (B, L, D)
-    if beam_size == 1 and length_penalty == 0:  # the same captions as beam_search, without the pool
-        return greedy_decode(model.decoder, a, max_len, grid=grid), grid
-    return beam_search(model.decoder, a, beam_size, max_len, length_penalty, grid=grid), grid

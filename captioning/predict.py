@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioning.data.dataset import CaptionDataset, collate
-from captioning.decoding import generate
 from captioning.metrics import attention_correctness, caption_diversity, score_captions
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.captioner import Captioner
@@ -53,7 +52,7 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
         skipped += batch.skipped
         if not batch.indices:
             continue
-        decoded, (h, w) = generate(model, batch.images.to(device), beam_size, max_len, length_penalty)
+        decoded, (h, w) = model.generate(batch.images.to(device), beam_size, max_len, length_penalty)
         for i, toks, alpha in zip(batch.indices, decoded.tokens, decoded.alphas):
             words = dataset.vocab.decode(toks)
             preds.append(Prediction(i, dataset.records[i].image_id, words, alpha.view(-1, h, w)))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search, generate, greedy_decode
+from captioning.decoding import beam_search, greedy_decode
 from captioning.models.attention import AttentionOutput, HardAttention, SoftAttention
 from captioning.models.decoder import ShowAttendTellDecoder
 
@@ -72,7 +72,7 @@ def test_wide_beam_finds_the_exact_best_sequence(encoded):
 
 def test_generate_and_bad_beam(tiny_model):
     tiny_model.eval()
-    decoded, grid = generate(tiny_model, torch.randn(2, 3, 32, 32), beam_size=2, max_len=5)
+    decoded, grid = tiny_model.generate(torch.randn(2, 3, 32, 32), beam_size=2, max_len=5)
     assert grid == (8, 8) and len(decoded.tokens) == 2
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(tiny_model.decoder, torch.randn(1, 4, 16), beam_size=0, max_len=3)

@@ -11,6 +11,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
+from captioning.decoding import Decoded, beam_search, greedy_decode
 from captioning.models import registry
 from captioning.models.attention import HardAttention
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
@@ -48,6 +49,15 @@ class Captioner(nn.Module):
         """
         a, grid = self.encode(images)  # encode each image once, however many captions it has
         return self.decoder(a, captions, image_index, grid=grid)
+
+    @torch.no_grad()
+    def generate(self, images: torch.Tensor, beam_size: int = 3, max_len: int = 20,
+                 length_penalty: float = 0.0) -> tuple[Decoded, tuple[int, int]]:
+        """Caption a batch of images (or cached annotations); returns the captions and the attention grid (h, w)."""
+        a, grid = self.encode(images)  # (B, L, D)
+        if beam_size == 1 and length_penalty == 0:  # the same captions as beam_search, without the pool
+            return greedy_decode(self.decoder, a, max_len, grid=grid), grid
+        return beam_search(self.decoder, a, beam_size, max_len, length_penalty, grid=grid), grid
 
 
 def _plain(cfg: Any) -> Any:

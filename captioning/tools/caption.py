@@ -20,7 +20,6 @@ from PIL import Image
 from captioning.checkpoint import load_model
 from captioning.cli import ArgumentParser, one_line, positive_int, run_cli, writable_dir
 from captioning.data.images import ImageError, load_image
-from captioning.decoding import generate
 from captioning.models.captioner import selects_regions
 from captioning.reporting.figures import chosen_regions, plot_attention
 from captioning.runtime import resolve_device
@@ -52,7 +51,7 @@ def caption_images(images: Sequence[Path], checkpoint: Path, beam_size: int = 3,
         try:
             image = load_image(path)
             with torch.no_grad():
-                decoded, (h, w) = generate(model, transform(image).unsqueeze(0).to(dev), beam_size, max_len)
+                decoded, (h, w) = model.generate(transform(image).unsqueeze(0).to(dev), beam_size, max_len)
         except ImageError as err:
             print(f"{PROG}: skipped: {err}", file=sys.stderr)
             failures += 1

@@ -116,13 +116,11 @@ class CrossEntropy:
 @torch.no_grad()
 def greedy_captions(model: Any, images: torch.Tensor, max_len: int) -> list[list[int]]:
     """The greedy caption of each image as at test time (eval mode, float32), without moving the training RNGs."""
-    from captioning.decoding import generate  # here: decoding imports the model registry, which imports this module
-
     was_training = model.training
     model.eval()
     try:
         with randomness.forked(images.device):
-            decoded, _ = generate(model, images, beam_size=1, max_len=max_len)
+            decoded, _ = model.generate(images, beam_size=1, max_len=max_len)
     finally:
         model.train(was_training)
     return decoded.tokens

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
@@ -31,19 +30,12 @@ from captioning.models.captioner import Captioner, build_captioner, build_encode
 from captioning.predict import Prediction, decode_split, instance_correctness, load_instances, score_predictions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.outputs import write_outputs
-from captioning.runtime import resolve_device
+from captioning.runtime import attention_name, resolve_device
 from captioning.training import distributed, precision, randomness
 from captioning.training.objectives import CrossEntropy, LossContext, LossSettings
 from captioning.training.stop import StopRequest, TrainingInterrupted
 
 logger = logging.getLogger(__name__)
-
-
-def attention_name(cfg: DictConfig) -> str:
-    """The attention config group's choice (e.g. 'soft'), for metrics.json and sweep tables."""
-    if HydraConfig.initialized():
-        return HydraConfig.get().runtime.choices.get("attention", "")
-    return str(cfg.attention._target_).rsplit(".", 1)[-1]
 
 
 def build_objective(spec: Any) -> Any:
@@ -139,14 +131,19 @@ class Trainer:
         if self.is_main and self.history:
             plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)
 
+    def read_same_model(self, path: Path, action: str, advice: str) -> dict[str, Any]:
+        """Read a checkpoint of this run's model config and vocabulary and load its weights; refuse any other."""
+        ckpt = read_checkpoint(path, map_location=self.device)
+        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
+            raise ValueError(f"cannot {action} {path}: it was trained with a different model config or "
+                             f"vocabulary; {advice}")
+        self.model.load_state_dict(ckpt["model"])
+        return ckpt
+
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, counters, the epoch's position and the RNG states from a
         checkpoint of the same model, so that the run goes on exactly as if it had never stopped."""
-        ckpt = read_checkpoint(path, map_location=self.device)
-        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
-            raise ValueError(f"cannot resume from {path}: it was trained with a different model config or "
-                             "vocabulary; start a new run or use the same overrides")
-        self.model.load_state_dict(ckpt["model"])
+        ckpt = self.read_same_model(path, "resume from", "start a new run or use the same overrides")
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scheduler and ckpt.get("scheduler"):
             self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -172,11 +169,8 @@ class Trainer:
     def init_weights(self, path: Path) -> None:
         """init_from=PATH: start from a checkpoint's weights only (same model config and vocabulary), with this
         run's fresh optimizer, schedule and counters (e.g. self-critical training after cross-entropy)."""
-        ckpt = read_checkpoint(path, map_location=self.device)
-        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
-            raise ValueError(f"cannot init_from {path}: it was trained with a different model config or vocabulary; "
-                             "give this run the checkpoint's encoder, attention, decoder and dataset settings")
-        self.model.load_state_dict(ckpt["model"])
+        ckpt = self.read_same_model(path, "init_from", "give this run the checkpoint's encoder, attention, "
+                                    "decoder and dataset settings")
         logger.info("initialised the weights from %s (epoch %s of its run)", path, ckpt.get("epoch"))
 
     # -- loops -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from captioning.losses import MovingAverageBaseline
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoder import DecoderOutput
 from captioning.runtime import CONF_DIR
+from captioning.training.objectives import LossSettings
 from captioning.training.trainer import Trainer
 
 CONF = CONF_DIR
@@ -122,6 +123,7 @@ def _trainer(cfg, attention, out: DecoderOutput, baseline: float | None) -> Trai
     trainer.forward_model = lambda images, captions, image_index: out
     trainer.baseline = MovingAverageBaseline(cfg.trainer.reinforce.baseline_decay)
     trainer.baseline.value = baseline
+    trainer.loss_settings = LossSettings.of(cfg.trainer)
     return trainer
 
 

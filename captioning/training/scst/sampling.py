@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from captioning.data.vocab import Vocabulary
+from captioning.decoding import map_state, special_ids, word_log_probs
 
 
 @dataclass
@@ -44,20 +44,12 @@ class Samples:
 
 def policy_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """log q(word) (N, V) of the sampling policy: softmax(logits / temperature) over the top_k words (all: None),
-    without <start> and <pad>, which are never targets."""
-    special = torch.tensor([Vocabulary.start_id, Vocabulary.pad_id], device=logits.device)
-    logits = logits.float().index_fill(1, special, float("-inf"))  # (N, V)
+    without <start> and <pad>, which are never targets (the same renormalisation as decoding's)."""
+    logits = logits.float()  # (N, V)
     if top_k is not None and top_k < logits.shape[1]:
-        kth = logits.topk(top_k, dim=1).values[:, -1:]  # (N, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return F.log_softmax(logits / temperature, dim=-1)  # (N, V)
-
-
-def repeat_rows(state: Any, n: int) -> Any:
-    """Every tensor of a decoder state (tensors in tuples, row first) with each row repeated n times."""
-    if isinstance(state, torch.Tensor):
-        return state.repeat_interleave(n, dim=0)
-    return type(state)(repeat_rows(s, n) for s in state) if isinstance(state, (tuple, list)) else state
+        kth = logits.index_fill(1, special_ids(logits.device), float("-inf")).topk(top_k, dim=1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))  # (N, V)
+    return word_log_probs(logits / temperature, special_ids(logits.device))  # (N, V)
 
 
 def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None, samples_per_image: int,
@@ -65,7 +57,7 @@ def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None,
     """Draw `samples_per_image` captions for each annotation grid of a (B, L, D), with gradients."""
     n, pad, end = samples_per_image, Vocabulary.pad_id, Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
-    state = repeat_rows(decoder.init_state(a), n)  # rows b n + j
+    state = map_state(lambda x: x.repeat_interleave(n, dim=0), decoder.init_state(a))  # rows b n + j
     if not getattr(decoder, "rows_share_images", False):  # else the step reads n rows per image of a and keys
         a, keys = a.repeat_interleave(n, dim=0), keys.repeat_interleave(n, dim=0)  # (B n, L, D), (B n, L, A)
     N = state[0].shape[0] if isinstance(state, (tuple, list)) else state.shape[0]
