@@ -85,7 +85,7 @@ def sizes(D: int) -> DecoderSizes:
 def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, float]:
     """One training step: forward (autocast for bf16), loss in float32, backward, Adam."""
     dec = build(D, device).train()
-    opt = torch.optim.Adam(dec.parameters(), lr=1e-4)
+    opt = torch.optim.Adam(dec.parameters(), lr=1e-4, fused=True)  # as conf/optim/adam.yaml
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(CAPTIONS, L, D, generator=gen).relu().to(device)  # (B, L, D)
     captions = torch.randint(4, V, (CAPTIONS, STEPS + 1), generator=gen).to(device)  # (N, T + 1)
