@@ -17,7 +17,7 @@ from captioning.config import validate_evaluate_config
 from captioning.config.overrides import check_overrides
 from captioning.data.build import build_datasets
 from captioning.data.features import open_features
-from captioning.models.captioner import selects_regions
+from captioning.models.captioner import compile_decoding, selects_regions
 from captioning.predict import decode_split, instance_correctness, load_instances, score_predictions
 from captioning.reporting.outputs import write_outputs
 from captioning.runtime import CONF_DIR, resolve_device
@@ -41,6 +41,7 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     validate_evaluate_config(cfg)  # a typo, bad value or missing checkpoint fails here, naming the key
     device = resolve_device(cfg.device)
     model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
+    compile_decoding(model, bool(cfg.eval.get("compile", False)))
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
     features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])

@@ -13,6 +13,10 @@ synthetic captions with `captioning.metrics.score_captions`.
     .venv/bin/python experiments/bench_decoder.py                      # CPU, 2 threads, both sizes
     .venv/bin/python experiments/bench_decoder.py --device cuda        # torch.cuda.synchronize around timings
     .venv/bin/python experiments/bench_decoder.py --sizes vgg --evaluate 5000
+    .venv/bin/python experiments/bench_decoder.py --compile             # decoding through torch.compile too
+
+`--compile` adds rows for greedy and beam search through a compiled decoder step (`eval.compile`; the first,
+untimed call compiles, and its seconds are printed).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from captioning.decoding import beam_search, greedy_decode
 from captioning.losses import caption_loss
 from captioning.models.attention import SoftAttention
+from captioning.models.captioner import CompiledStep
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 
@@ -121,9 +126,19 @@ class RowCounter:
 
 
 def bench_decoding(D: int, device: torch.device, dtype: torch.dtype, images: int, repeats: int,
-                   beams: tuple[int, ...]) -> dict[str, dict[str, float]]:
+                   beams: tuple[int, ...], compile_step: bool = False) -> dict[str, dict[str, float]]:
     """Images per second of greedy decoding and beam search (k in `beams`) on random grids."""
     dec = build(D, device).eval()
+    suffix = ""
+    if compile_step:
+        dec.step = CompiledStep(dec.step)  # type: ignore[method-assign]
+        a0 = torch.randn(images, L, D).relu().to(device)
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            greedy_decode(dec, a0, STEPS), beam_search(dec, a0, max(beams), STEPS)
+        sync(device)
+        suffix = ", compiled" + (" (FAILED: plain step)" if dec.step.failed else "")
+        print(f"compiling the step ({D=}): {time.perf_counter() - start:.1f} s", flush=True)
     a = torch.randn(images, L, D, generator=torch.Generator().manual_seed(2)).relu().to(device)  # (B, L, D)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     out = {}
@@ -137,7 +152,7 @@ def bench_decoding(D: int, device: torch.device, dtype: torch.dtype, images: int
 
         best, median = timed(run, device, repeats)
         flops = decoding_flops(sizes(D), images, counter.rows)
-        out["greedy" if k == 1 else f"beam {k}"] = {"ms": best * 1e3, "median_ms": median * 1e3,
+        out[("greedy" if k == 1 else f"beam {k}") + suffix] = {"ms": best * 1e3, "median_ms": median * 1e3,
                                                     "per_s": images / best, "gflop_s": flops / best / 1e9,
                                                     "gflop_per_image": flops / images / 1e9}
     return out
@@ -174,6 +189,7 @@ def main() -> None:
     p.add_argument("--no-bf16", action="store_true", help="fp32 only")
     p.add_argument("--skip-decoding", action="store_true")
     p.add_argument("--evaluate", type=int, default=0, help="also time decoding + scoring this many images")
+    p.add_argument("--compile", action="store_true", help="also decode through a torch.compile'd step")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -192,6 +208,8 @@ def main() -> None:
             rows = {"train step": bench_training(D, device, dtype, args.repeats)}
             if not args.skip_decoding:
                 rows.update(bench_decoding(D, device, dtype, args.images, args.repeats, beams))
+                if args.compile:
+                    rows.update(bench_decoding(D, device, dtype, args.images, args.repeats, beams, True))
             for part, r in rows.items():
                 print(f"| {size} (D = {D}) | {part} | {r['ms']:.0f} | {r['median_ms']:.0f} | {r['per_s']:.1f} "
                       f"| {r['gflop_s']:.1f} | {100 * r['gflop_s'] / peak:.0f}% |", flush=True)

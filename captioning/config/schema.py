@@ -78,6 +78,7 @@ class EvalConfig(TypedDict):
     metrics: list[Annotated[str, OneOf(*METRICS, ignore_case=True)]]
     num_figures: Count
     report: bool  # write report.html and attention.npz
+    compile: NotRequired[bool]  # torch.compile the decoding step
     instances: str | None  # COCO instances file for mask-based attention correctness
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +17,8 @@ from captioning.models import registry
 from captioning.models.attention import HardAttention
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
 from captioning.models.encoder import Encoder
+
+logger = logging.getLogger(__name__)
 
 
 class Captioner(nn.Module):
@@ -58,6 +61,38 @@ class Captioner(nn.Module):
         if beam_size == 1 and length_penalty == 0:  # the same captions as beam_search, without the pool
             return greedy_decode(self.decoder, a, max_len, grid=grid), grid
         return beam_search(self.decoder, a, beam_size, max_len, length_penalty, grid=grid), grid
+
+
+class CompiledStep:
+    """A decoder's `step` through `torch.compile`, or the plain step where compiling fails.
+
+    Compiling happens at the first call; where it fails (no C++ compiler for the CPU backend, no Triton for CUDA,
+    an operation the compiler does not support), one warning says why and every call runs the plain step, which
+    computes the same thing. An error of the step itself is raised by the plain step as usual.
+    """
+
+    def __init__(self, step: Any, backend: Any = "inductor"):
+        self.plain, self.failed = step, False
+        self.compiled = torch.compile(step, dynamic=True, backend=backend)  # row counts vary (beams, last batch)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as err:  # any compiler failure; the plain step re-raises errors of its own
+                self.failed = True
+                lines = [line.strip() for line in str(err).splitlines() if line.strip()][:2]  # the cause's line
+                logger.warning("torch.compile of the decoding step failed, decoding without it: %s: %s",
+                               type(err).__name__, " ".join(lines)[:300])
+        return self.plain(*args, **kwargs)
+
+
+def compile_decoding(model: Captioner, enabled: bool, backend: Any = "inductor") -> None:
+    """eval.compile: decode (greedy, beam search, validation) through a compiled `decoder.step` (see CompiledStep);
+    the weights and checkpoints are unchanged. Off by default: on the CPU it compiles for minutes and gained nothing
+    here (experiments/README.md, "Decoder benchmark")."""
+    if enabled and not isinstance(model.decoder.step, CompiledStep):
+        model.decoder.step = CompiledStep(model.decoder.step, backend)  # type: ignore[method-assign]
 
 
 def _plain(cfg: Any) -> Any:

@@ -115,6 +115,12 @@ def resolve(group: str, spec: Any, where: str) -> tuple[Callable[..., Any], dict
     return table[target], kwargs
 
 
+def build(group: str, spec: Any, where: str | None = None) -> Any:
+    """The registered component `spec` names, built with its checked arguments (`where` defaults to the group)."""
+    cls, kwargs = resolve(group, spec, where or group)
+    return cls(**kwargs)
+
+
 def check_arguments(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str,
                     reserved: Sequence[str] = ()) -> None:
     """Refuse anything but plain data, keys that are not named parameters of `fn`, values not of their declared type

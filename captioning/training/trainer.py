@@ -26,7 +26,14 @@ from captioning.data.features import open_features
 from captioning.data.vocab import Vocabulary
 from captioning.losses import LossTerms, MovingAverageBaseline
 from captioning.models import registry
-from captioning.models.captioner import Captioner, build_captioner, build_encoder, model_config, selects_regions
+from captioning.models.captioner import (
+    Captioner,
+    build_captioner,
+    build_encoder,
+    compile_decoding,
+    model_config,
+    selects_regions,
+)
 from captioning.predict import Prediction, decode_split, instance_correctness, load_instances, score_predictions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.outputs import write_outputs
@@ -38,14 +45,6 @@ from captioning.training.stop import StopRequest, TrainingInterrupted
 logger = logging.getLogger(__name__)
 
 
-def build_objective(spec: Any) -> Any:
-    """The `objective` config group's objective (conf/objective/; none: cross-entropy), from the registry."""
-    if spec is None:
-        return CrossEntropy()
-    cls, kwargs = registry.resolve("objective", OmegaConf.to_container(spec, resolve=True), "objective")
-    return cls(**kwargs)
-
-
 class Trainer:
     """Holds the training state so that it can be checkpointed and resumed as one piece."""
 
@@ -53,7 +52,8 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.cfg, self.out_dir, self.tc = cfg, out_dir, cfg.trainer
-        self.objective = build_objective(cfg.get("objective"))  # before the data: a bad setting fails at once
+        if spec := cfg.get("objective"):  # conf/objective/ (none: the class's cross-entropy); a bad one fails at once
+            self.objective = registry.build("objective", OmegaConf.to_container(spec, resolve=True))
         self.device = distributed.local_device(resolve_device(cfg.device))  # under torchrun: cuda:LOCAL_RANK
         self.is_main = distributed.is_main()  # rank 0 (or the only process) writes every file
         self.amp_dtype = precision.autocast_dtype(self.tc.get("precision", "fp32"), self.device)
@@ -65,6 +65,7 @@ class Trainer:
                                                    features=features)
         self.objective.prepare(self.data["train"])  # objective=scst: the reward's references, tokenized once
         self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab), encoder).to(self.device)
+        compile_decoding(self.model, bool(cfg.eval.get("compile", False)))  # validation and test decoding
         if distributed.world_size() > 1 and self.device.type == "cuda":  # BatchNorm statistics of the global batch
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the test split
