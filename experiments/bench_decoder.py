@@ -32,7 +32,7 @@ import torch
 
 from captioning.decoding import beam_search, greedy_decode
 from captioning.losses import caption_loss
-from captioning.models.attention import SoftAttention
+from captioning.models.attention import SoftAttention, tanh_
 from captioning.models.captioner import CompiledStep
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
@@ -66,6 +66,24 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int, n: int =
     x, y = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
     best, _ = timed(lambda: torch.mm(x, y), device, repeats, warmup=2)
     return 2 * n**3 / best / 1e9
+
+
+def elementwise(device: torch.device, repeats: int) -> dict[str, float]:
+    """Microseconds for the two element-wise costs the fast paths avoid: tanh over one 2 MiB chunk of the
+    additive score's hidden layer (torch's tanh against 2 sigmoid(2x) - 1, `attention.tanh_`), and one Adam step
+    over the ResNet-size decoder's parameters (the per-parameter loop against the fused kernel)."""
+    x = torch.randn(1 << 19, device=device) * 3
+    y = torch.empty_like(x)
+    out = {"tanh_us": timed(lambda: torch.tanh(x, out=y), device, repeats * 20)[0] * 1e6,
+           "sigmoid_tanh_us": timed(lambda: tanh_(y.copy_(x)), device, repeats * 20)[0] * 1e6,
+           "copy_us": timed(lambda: y.copy_(x), device, repeats * 20)[0] * 1e6}
+    params = list(build(SIZES["resnet"], device).parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    for name, kwargs in (("adam_loop_ms", {"foreach": False}), ("adam_fused_ms", {"fused": True})):
+        opt = torch.optim.Adam(params, lr=1e-4, **kwargs)
+        out[name] = timed(opt.step, device, repeats, warmup=2)[0] * 1e3
+    return out
 
 
 def has_bf16(device: torch.device) -> bool:
@@ -197,6 +215,10 @@ def main() -> None:
     beams = tuple(int(k) for k in args.beams.split(","))
     print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, dtypes "
           f"{[str(d).split('.')[-1] for d in dtypes]}, best of {args.repeats}")
+    e = elementwise(device, args.repeats)
+    print(f"element-wise: tanh of 2^19 floats {e['tanh_us']:.0f} us, as 2 sigmoid(2x) - 1 "
+          f"{e['sigmoid_tanh_us'] - e['copy_us']:.0f} us (+ {e['copy_us']:.0f} us copy); Adam step at the ResNet "
+          f"sizes: per-parameter loop {e['adam_loop_ms']:.1f} ms, fused {e['adam_fused_ms']:.1f} ms")
     for dtype in dtypes:
         name = str(dtype).split(".")[-1]
         peak = matmul_peak(device, dtype, args.repeats)
