@@ -255,9 +255,10 @@ def test_kill_during_a_checkpoint_write_then_resume_is_bit_identical(data_root, 
     resume_and_compare(tmp_path, overrides, ref)
 
 
-# Every kind of stop; the steps count from 1 over the whole run (6 per epoch), checkpoints every 4 steps.
+# Every kind of stop; the steps count from 1 over the whole run (6 per epoch), checkpoints every 4 steps; a
+# best.pt write: the first (the tiny soft run may improve only once).
 KILL_POINTS = ["step::2", "step::5", "step::7", "step::12", "step::13", "step::17", "step::24", "validate::1",
-               "validate::3", "write:last.pt:1", "write:last.pt:4", "write:best.pt:2", "test::1"]
+               "validate::3", "write:last.pt:1", "write:last.pt:4", "write:best.pt:1", "test::1"]
 
 
 @pytest.mark.slow
