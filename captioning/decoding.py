@@ -9,7 +9,6 @@ k consecutive rows per image (`rows_share_images`), instead of copying them for 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import AttentionOutput
+from captioning.models.decoder import map_state, repeat_rows
 
 
 class StepDecoder(Protocol):
@@ -64,18 +64,6 @@ def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
 def special_ids(device: torch.device) -> torch.Tensor:
     """The ids decoding never emits: <start> and <pad>."""
     return torch.tensor([Vocabulary.start_id, Vocabulary.pad_id], device=device)
-
-
-def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
-    """Apply fn to every tensor of a decoder state: a tensor, or tuples of them (nested), row first; None stays."""
-    if state is None:
-        return None
-    if isinstance(state, torch.Tensor):
-        return fn(state)
-    if isinstance(state, (tuple, list)):
-        items = [map_state(fn, s) for s in state]
-        return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
-    raise TypeError(f"decoder state must be tensors (row first) in tuples, got {type(state).__name__}")
 
 
 def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor) -> Decoded:
@@ -161,9 +149,9 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     state = decoder.init_state(a, mask)
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
     logits, state, att = decoder.step(a.new_full((B,), Vocabulary.start_id, dtype=torch.long), state, a, keys, mask)
-    state, logits, alpha = map_state(lambda x: x.repeat_interleave(k, dim=0), (state, logits, att.alpha))  # b*k + j
+    state, logits, alpha = repeat_rows((state, logits, att.alpha), k)  # row b k + j
     if not getattr(decoder, "rows_share_images", False):  # else the decoder reads k rows per image of a, keys, mask
-        a, keys, mask = map_state(lambda x: x.repeat_interleave(k, dim=0), (a, keys, mask))  # (B k, L, D), ...
+        a, keys, mask = repeat_rows((a, keys, mask), k)  # (B k, L, D), ...
     scores = a.new_full((B, k), float("-inf"))
     scores[:, 0] = 0.0  # only the first copy may expand at step 0
     tokens = torch.zeros(max_len, B, k, dtype=torch.long, device=dev)  # word of live beam j after step t

@@ -45,8 +45,7 @@ def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[s
     """Run the data set's `generate` step if it has one, then read the splits with the reader `dataset.reader` names."""
     cfg = _plain(dataset_cfg)
     if cfg.get("generate") is not None:
-        generate, kwargs = registry.resolve("generator", cfg["generate"], "dataset.generate")
-        generate(**kwargs)
+        registry.build("generator", cfg["generate"], "dataset.generate")
     spec = cfg["reader"] if cfg.get("reader") is not None else _legacy_reader(cfg)
     reader, kwargs = registry.resolve("reader", spec, "dataset.reader")
     return reader(splits=list(splits), **kwargs)

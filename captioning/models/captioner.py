@@ -106,8 +106,7 @@ def _plain(cfg: Any) -> Any:
 
 def build_encoder(encoder_cfg: Mapping[str, Any] | DictConfig, prefix: str = "") -> Encoder:
     """Build the `encoder` config group through the registry of this project's encoders."""
-    cls, kwargs = registry.resolve("encoder", _plain(encoder_cfg), f"{prefix}encoder")
-    return cls(**kwargs)
+    return registry.build("encoder", _plain(encoder_cfg), f"{prefix}encoder")
 
 
 def build_captioner(model_cfg: Mapping[str, Any] | DictConfig, vocab_size: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -237,9 +237,22 @@ def images_and_rows(a: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | No
     return a[image_index], keys[image_index], None if mask is None else mask[image_index], 1  # (N, L, D), ...
 
 
-def expand_rows(state: tuple, k: int) -> tuple:
-    """Repeat every row of a state (tuple of tensors, row first) k times: one row per caption."""
-    return state if k == 1 else tuple(x.repeat_interleave(k, dim=0) for x in state)
+def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
+    """Apply fn to every tensor of a decoder state: a tensor, or tuples of them (nested), row first; None stays."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, (tuple, list)):
+        items = [map_state(fn, s) for s in state]
+        return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
+    raise TypeError(f"decoder state must be tensors (row first) in tuples, got {type(state).__name__}")
+
+
+def repeat_rows(state: Any, k: int) -> Any:
+    """Every row of a decoder state (or any tensors in tuples, row first) repeated k times, consecutively: row
+    b k + j is copy j of row b (the k captions, beams or samples of image b)."""
+    return state if k == 1 else map_state(lambda x: x.repeat_interleave(k, dim=0), state)
 
 
 class ShowAttendTellDecoder(nn.Module):
@@ -297,7 +310,7 @@ class ShowAttendTellDecoder(nn.Module):
         """Teacher forcing over captions (N, T+1) that start with <start>; a (B, L, D) holds one grid per image."""
         keys = self.attention.prepare(a, grid)  # (B, L, A): once per image, before expanding to captions
         a, keys, mask, k = images_and_rows(a, keys, mask, image_index)
-        h, c, prev_alpha = expand_rows(self.init_state(a, mask), k)  # (N, n), (N, n), (N, L)
+        h, c, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n), (N, n), (N, L)
         emb = self.embed(captions[:, :-1])  # (N, T, m)
         lstm = UnrolledLSTM(self.lstm, emb)
         hs, zs, alphas, betas = [], [], [], []

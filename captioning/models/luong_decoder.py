@@ -32,8 +32,8 @@ from captioning.models.decoder import (
     UnrolledLSTM,
     _mlp,
     annotation_state,
-    expand_rows,
     images_and_rows,
+    repeat_rows,
 )
 
 # h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
@@ -96,7 +96,7 @@ class LuongDecoder(nn.Module):
         """
         keys = self.attention.prepare(a, grid)  # once per image, before expanding to captions
         a, keys, mask, k = images_and_rows(a, keys, mask, image_index)
-        h, c, h_tilde, prev_alpha = expand_rows(self.init_state(a, mask), k)  # (N, n) x 3, (N, L)
+        h, c, h_tilde, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n) x 3, (N, L)
         emb = self.embed(captions[:, :-1])  # (N, T, m)
         T = captions.shape[1] - 1
         lstm, w_c = UnrolledLSTM(self.lstm, emb), UnrolledLinear(self.W_c.weight, T)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import map_state, special_ids, word_log_probs
+from captioning.decoding import special_ids, word_log_probs
+from captioning.models.decoder import repeat_rows
 
 
 @dataclass
@@ -45,11 +46,11 @@ class Samples:
 def policy_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """log q(word) (N, V) of the sampling policy: softmax(logits / temperature) over the top_k words (all: None),
     without <start> and <pad>, which are never targets (the same renormalisation as decoding's)."""
-    logits = logits.float()  # (N, V)
+    logits, special = logits.float(), special_ids(logits.device)  # (N, V), (2,)
     if top_k is not None and top_k < logits.shape[1]:
-        kth = logits.index_fill(1, special_ids(logits.device), float("-inf")).topk(top_k, dim=1).values[:, -1:]
+        kth = logits.index_fill(1, special, float("-inf")).topk(top_k, dim=1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))  # (N, V)
-    return word_log_probs(logits / temperature, special_ids(logits.device))  # (N, V)
+    return word_log_probs(logits / temperature, special)  # (N, V)
 
 
 def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None, samples_per_image: int,
@@ -57,9 +58,9 @@ def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None,
     """Draw `samples_per_image` captions for each annotation grid of a (B, L, D), with gradients."""
     n, pad, end = samples_per_image, Vocabulary.pad_id, Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
-    state = map_state(lambda x: x.repeat_interleave(n, dim=0), decoder.init_state(a))  # rows b n + j
+    state = repeat_rows(decoder.init_state(a), n)  # rows b n + j
     if not getattr(decoder, "rows_share_images", False):  # else the step reads n rows per image of a and keys
-        a, keys = a.repeat_interleave(n, dim=0), keys.repeat_interleave(n, dim=0)  # (B n, L, D), (B n, L, A)
+        a, keys = repeat_rows((a, keys), n)  # (B n, L, D), (B n, L, A)
     N = state[0].shape[0] if isinstance(state, (tuple, list)) else state.shape[0]
     words = torch.full((N,), Vocabulary.start_id, dtype=torch.long, device=a.device)
     finished = torch.zeros(N, dtype=torch.bool, device=a.device)
