@@ -94,3 +94,11 @@ print("ok")
 
 def test_metrics_names_load_lazily_and_old_imports_still_work():
     assert _run([sys.executable, "-c", LAZY]).strip() == "ok"
+
+
+@needs_java
+def test_default_metrics_with_meteor_import_no_torch_either(files):
+    """The command's default metric set adds METEOR (pycocoevalcap's jar): still a text-only process."""
+    out = json.loads(_run([sys.executable, "-c", SCRIPT, "--annotations", str(files[0]), "--results", str(files[1])]))
+    assert out["status"] == 0 and out["heavy"] == []
+    assert 0.0 < out["summary"]["METEOR"] < 1.0 and out["summary"]["tokenizer"] == "ptb-java"
