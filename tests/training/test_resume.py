@@ -167,6 +167,11 @@ def untimed(path: Path) -> Any:
     return [strip(d) for d in value] if isinstance(value, list) else strip(value)
 
 
+def last_checkpoint(run: Path) -> dict[str, Any]:
+    """The run's last.pt as the trainer wrote it (its step, position and state)."""
+    return torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+
+
 def assert_identical(run: Path, ref: Path) -> None:
     """Bit-identical runs: checkpoints apart from config and timing, and the JSON outputs apart from timing."""
     for name in ("best.pt", "last.pt"):
@@ -234,8 +239,7 @@ def test_kill_9_mid_epoch_then_resume_is_bit_identical(data_root, reference, tmp
             return "at" in first and time.monotonic() - first["at"] >= delay
 
         assert killed_run(out, overrides, kill_when=checkpointed) == -signal.SIGKILL
-        last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
-        if last["step"] < EPOCHS * STEPS_PER_EPOCH:  # stopped during training (not in the final test decode)
+        if last_checkpoint(out)["step"] < EPOCHS * STEPS_PER_EPOCH:  # stopped during training (not in the final test decode)
             break
         longest /= 2
     else:
@@ -252,7 +256,7 @@ def test_kill_during_a_checkpoint_write_then_resume_is_bit_identical(data_root, 
     proc = killed_run(tmp_path, overrides, "write:last.pt:3")
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert (tmp_path / "checkpoints" / "last.pt.tmp").is_file()
-    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+    assert last_checkpoint(tmp_path)["step"] == 4
     resume_and_compare(tmp_path, overrides, ref)
 
 
@@ -282,7 +286,7 @@ def test_a_signal_saves_the_run_and_resume_is_bit_identical(data_root, reference
     proc = killed_run(tmp_path, overrides, f"{signame}::{at}")
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert f"{signame}: stopped in epoch {(at - 1) // STEPS_PER_EPOCH + 1} after step {at}" in proc.stderr
-    last = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    last = last_checkpoint(tmp_path)
     assert last["step"] == at and not (tmp_path / "metrics.json").exists()
     assert last["position"]["batch"] == (at - 1) % STEPS_PER_EPOCH + 1  # the batches of its epoch done so far
     resume_and_compare(tmp_path, overrides, ref)
@@ -312,7 +316,7 @@ def test_scst_killed_mid_epoch_then_resumed_is_bit_identical(data_root, referenc
     overrides = scst(data_root, reference("hard"), "trainer.checkpoint_every=4")
     proc = killed_run(tmp_path, overrides, "step::11")  # last.pt of step 8, then 2 more steps lost
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 8
+    assert last_checkpoint(tmp_path)["step"] == 8
     resume_and_compare(tmp_path, overrides, scst_reference)
     history = json.loads((scst_reference / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3, 4]  # the comparison covers every epoch of a learning run
