@@ -13,9 +13,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from captioning.data.captions import CaptionTable, caption_counts
 from captioning.data.dataset import CaptionDataset
 from captioning.data.features import FeatureCache
-from captioning.data.records import ImageRecord
+from captioning.data.prepared import open_or_prepare
+from captioning.data.records import SPLITS, ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.models import registry
 
@@ -41,14 +43,30 @@ def _legacy_reader(cfg: Mapping[str, Any]) -> dict[str, Any]:
     raise ValueError(f"dataset.format must be one of {LEGACY_FORMATS}, got {fmt!r} (or set dataset.reader)")
 
 
-def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
-    """Run the data set's `generate` step if it has one, then read the splits with the reader `dataset.reader` names."""
-    cfg = _plain(dataset_cfg)
+def _reader(cfg: Mapping[str, Any]) -> tuple[Callable[..., Any], dict[str, Any], dict[str, Any]]:
+    """Run the data set's `generate` step if it has one; the reader `dataset.reader` names, its arguments, its spec."""
     if cfg.get("generate") is not None:
         registry.build("generator", cfg["generate"], "dataset.generate")
     spec = cfg["reader"] if cfg.get("reader") is not None else _legacy_reader(cfg)
     reader, kwargs = registry.resolve("reader", spec, "dataset.reader")
+    return reader, kwargs, dict(spec)
+
+
+def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
+    """Run the data set's `generate` step if it has one, then read the splits with the reader `dataset.reader` names."""
+    reader, kwargs, _ = _reader(_plain(dataset_cfg))
     return reader(splits=list(splits), **kwargs)
+
+
+def load_table(dataset_cfg: DictConfig | Mapping[str, Any], write: bool = True) -> CaptionTable | None:
+    """Every split's captions from the prepared set under `dataset.prepared` (built first if none fits: see
+    captioning/data/prepared.py), or None when dataset.prepared is not set. `write=False` never writes a set (a
+    dataset section taken from a checkpoint: only one that already exists is opened)."""
+    cfg = _plain(dataset_cfg)
+    if not cfg.get("prepared"):
+        return None
+    reader, kwargs, spec = _reader(cfg)
+    return open_or_prepare(cfg["prepared"], reader, spec, lambda: reader(splits=list(SPLITS), **kwargs), write)
 
 
 def build_vocab(records: Sequence[ImageRecord], min_freq: int, max_size: int | None) -> Vocabulary:
@@ -58,22 +76,46 @@ def build_vocab(records: Sequence[ImageRecord], min_freq: int, max_size: int | N
     return vocab
 
 
+def _records(dataset_cfg: DictConfig, wanted: list[str], vocab: Vocabulary | None,
+             write: bool) -> tuple[Vocabulary | None, Mapping[str, Sequence[ImageRecord]]]:
+    """The wanted splits' records (views of the prepared set when there is one) and the vocabulary if it was None."""
+    try:
+        table = load_table(dataset_cfg, write)
+    except ValueError:
+        if set(wanted) >= set(SPLITS):
+            raise
+        # Prepared sets hold train, val and test; a file that lacks one can still give the splits asked for.
+        logger.info("prepared captions need the train, val and test splits; reading %s directly", wanted)
+        table = None
+    if table is None:
+        records: Mapping[str, Sequence[ImageRecord]] = load_records(dataset_cfg, wanted)
+        if vocab is None:
+            vocab = build_vocab(records["train"], dataset_cfg.min_word_freq, dataset_cfg.get("max_vocab"))
+        return vocab, records
+    if vocab is None:
+        vocab = table.vocabulary(dataset_cfg.min_word_freq, dataset_cfg.get("max_vocab"))
+        logger.info("vocabulary: %d words (min_freq=%d, max_size=%s)", len(vocab), dataset_cfg.min_word_freq,
+                    dataset_cfg.get("max_vocab"))
+    return vocab, {s: table.split(s) for s in wanted}
+
+
 def build_datasets(dataset_cfg: DictConfig, transform: Callable, splits: Sequence[str] = ("train", "val", "test"),
-                   vocab: Vocabulary | None = None,
-                   features: FeatureCache | None = None) -> tuple[Vocabulary, dict[str, CaptionDataset]]:
+                   vocab: Vocabulary | None = None, features: FeatureCache | None = None,
+                   write_prepared: bool = True) -> tuple[Vocabulary, dict[str, CaptionDataset]]:
     """Datasets for the splits; the vocabulary is built from `train` unless one is given (e.g. a checkpoint's).
 
     With a feature cache the data sets yield cached annotation grids instead of images. The `train` split draws
     dataset.captions_per_image captions of an image each time it is read (evaluation splits need none drawn).
+    With dataset.prepared the captions come from a prepared set (written there first unless `write_prepared` is
+    false); the data sets are the same, caption for caption.
     """
     wanted = list(splits) if vocab is not None or "train" in splits else ["train", *splits]
-    records = load_records(dataset_cfg, wanted)
-    if vocab is None:
-        vocab = build_vocab(records["train"], dataset_cfg.min_word_freq, dataset_cfg.get("max_vocab"))
+    vocab, records = _records(dataset_cfg, wanted, vocab, write_prepared)
+    assert vocab is not None
     max_len = int(dataset_cfg.max_caption_len)
     per_image = {"train": dataset_cfg.get("captions_per_image")}
     data: dict[str, Any] = {s: CaptionDataset(records[s], vocab, transform, max_len, per_image.get(s), features)
                             for s in splits}
     for s, d in data.items():
-        logger.info("%s split: %d images, %d captions", s, len(d), sum(len(c) for c in d.encoded))
+        logger.info("%s split: %d images, %d captions", s, len(d), int(caption_counts(d.encoded).sum()))
     return vocab, data

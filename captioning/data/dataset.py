@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from captioning.data.captions import SplitView, caption_counts
 from captioning.data.features import FeatureCache
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
@@ -37,14 +38,18 @@ class CaptionDataset(Dataset):
                  captions_per_image: int | None = None, features: FeatureCache | None = None):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")
-        self.records, self.vocab, self.transform, self.max_len = list(records), vocab, transform, max_len
+        self.vocab, self.transform, self.max_len = vocab, transform, max_len
         self.captions_per_image, self.features = captions_per_image, features
+        self.encoded: Sequence[list[torch.Tensor]]
+        if isinstance(records, SplitView):  # prepared captions: records and captions built per item from the arrays
+            self.records: Sequence[ImageRecord] = records
+            self.encoded = records.encoded(vocab, max_len)
+        else:
+            self.records = list(records)
+            self.encoded = [[torch.tensor([vocab.start_id, *vocab.encode(c[:max_len]), vocab.end_id])
+                             for c in r.captions] for r in self.records]
         if features is not None:
             features.require(self.records)
-        self.encoded = [
-            [torch.tensor([vocab.start_id, *vocab.encode(c[:max_len]), vocab.end_id]) for c in r.captions]
-            for r in self.records
-        ]
 
     def __len__(self) -> int:
         return len(self.records)
@@ -123,7 +128,7 @@ class CaptionPairs(Dataset):
             raise ValueError("dataset.batch_unit=captions visits every caption once per epoch; "
                              "set dataset.captions_per_image=null")
         self.images = images
-        counts = np.array([len(c) for c in images.encoded])
+        counts = caption_counts(images.encoded)
         self.image_of = np.repeat(np.arange(len(counts)), counts)  # pair k -> image i
         self.caption_of = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # k -> caption j
 

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = ["load_json", "write_json_atomic", "is_id"]
 
 
-def load_json(path: str | os.PathLike) -> Any:
-    """Parse a UTF-8 JSON file; a missing, unreadable, non-UTF-8 or invalid file gives one error naming it."""
+def load_json(path: str | os.PathLike, object_hook: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+    """Parse a UTF-8 JSON file; a missing, unreadable, non-UTF-8 or invalid file gives one error naming it.
+
+    `object_hook` is json's: called on every object as it is decoded (a reader can shrink entries as they come).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"file not found: {path}" if not path.exists() else f"not a file: {path}")
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is accepted
-            return json.load(f)
+            return json.load(f, object_hook=object_hook)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
                          "save it as UTF-8") from err

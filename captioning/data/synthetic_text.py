@@ -13,6 +13,7 @@ the metrics).
 from __future__ import annotations
 
 import random
+from typing import Any
 
 _SUBJECTS = [
     ("a man", "A guy", "a young man", "The man"), ("a woman", "A lady", "an older woman", "The woman's friend"),
@@ -111,3 +112,39 @@ def realistic_corpus(num_images: int, seed: int = 0, refs_per_image: int = 5
             text = _describe(tuple(changed), rng)  # type: ignore[arg-type]
             candidates[image_id] = text.lower() if rng.random() < 0.5 else text
     return candidates, references
+
+
+# Karpathy's split sizes of COCO: 82,783 train + 30,504 restval / 5,000 val / 5,000 test.
+COCO_SPLITS = {"train": 82_783, "restval": 30_504, "val": 5_000, "test": 5_000}
+
+
+def karpathy_file(splits: dict[str, int] | None = None, seed: int = 0, refs_per_image: int = 5,
+                  rare_words: int = 20_000) -> dict:
+    """A Karpathy split file (as dataset_coco.json: filepath, filename, cocoid, split, sentences with raw and
+    tokens) of COCO-like captions; `splits` gives the images per split (default COCO's sizes).
+
+    One caption in three also names a rare word drawn from a Zipf-like pool of `rare_words` made-up words, so the
+    file has a vocabulary of COCO's order (about 10k words seen at least five times).
+    """
+    from captioning.data.vocab import tokenize
+
+    rng = random.Random(seed)
+    images: list[dict[str, Any]] = []
+    sentid = 0
+    for split, count in (splits or COCO_SPLITS).items():
+        folder = "val2014" if split in ("val", "test", "restval") else "train2014"
+        for _ in range(count):
+            n = len(images)
+            scene = (rng.randrange(len(_SUBJECTS)), rng.randrange(len(_ACTIONS)), rng.randrange(len(_OBJECTS)),
+                     rng.randrange(len(_PLACES)))
+            sentences = []
+            for _ in range(refs_per_image):
+                raw = _describe(scene, rng)
+                if rng.random() < 1 / 3:
+                    raw = f"{raw.rstrip('.!? ')} near the w{int(rare_words ** rng.random())}"
+                sentences.append({"tokens": tokenize(raw), "raw": raw, "imgid": n, "sentid": sentid})
+                sentid += 1
+            images.append({"filepath": folder, "sentids": [s["sentid"] for s in sentences],
+                           "filename": f"COCO_{folder}_{100_000 + 7 * n:012d}.jpg", "imgid": n, "split": split,
+                           "sentences": sentences, "cocoid": 100_000 + 7 * n})
+    return {"images": images, "dataset": "coco"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -46,6 +46,14 @@ class Vocabulary:
         if min_freq < 1:
             raise ValueError(f"min_freq must be >= 1, got {min_freq}")
         counts = Counter(w for tokens in captions for w in tokens)
+        return cls.from_counts(counts, min_freq, max_size)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
+        """Build from training word counts (what `build` counts): words seen >= min_freq times, the most frequent
+        max_size; prepared captions (captioning/data/prepared.py) store the counts and call this."""
+        if min_freq < 1:
+            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
         # Sort by (-count, word) so the vocabulary does not depend on caption order.
         kept = (w for w, c in counts.items() if c >= min_freq and w not in SPECIALS)
         ranked = sorted(kept, key=lambda w: (-counts[w], w))
