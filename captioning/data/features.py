@@ -24,11 +24,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from captioning import __version__
+from captioning.data.captions import SplitView
+from captioning.data.disk import check_free_space
 from captioning.data.images import ImageError, load_image
 from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.records import ImageRecord
@@ -163,7 +166,8 @@ class FeatureCache:
 
     def require(self, records: Sequence[ImageRecord]) -> None:
         """Refuse records whose images the cache does not hold (it was extracted for other splits or data)."""
-        missing = [r.image_id for r in records if r.image_id not in self.row]
+        ids = records.image_ids if isinstance(records, SplitView) else [r.image_id for r in records]
+        missing = [i for i in ids if i not in self.row]
         if missing:
             raise ValueError(f"{len(missing)} of {len(records)} images are not in the feature cache {self.root} "
                              f"(e.g. image ids {missing[:5]}); extract the splits you use with {HOW_TO_EXTRACT}")
@@ -224,6 +228,15 @@ def _start(out: Path, fp: dict[str, Any], image_ids: list[int], overwrite: bool)
     return 0
 
 
+def _row_shape(encoder: Encoder, transform: Any) -> tuple[int, int] | None:
+    """(L, D) of the encoder's grids, found on one blank image, when the transform gives every image one size."""
+    sizes = {tuple(transform(Image.new("RGB", wh)).shape) for wh in ((48, 32), (32, 48))}  # (3, H, W) each
+    if len(sizes) != 1:
+        return None  # no fixed size (e.g. SmallCNN without image_size): known at the first batch
+    fmap = encoder(torch.zeros(1, *sizes.pop(), device=next(encoder.parameters()).device))  # (1, D, h, w)
+    return fmap.shape[-2] * fmap.shape[-1], fmap.shape[1]
+
+
 def _collate_rows(items: list[tuple[int, torch.Tensor | None, str]]) -> list[tuple[int, torch.Tensor | None, str]]:
     """Keep a batch as a list: unreadable images (None) are sorted out by the caller."""
     return items
@@ -246,6 +259,11 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
     image_ids = [r.image_id for r in images]
     fp = fingerprint(encoder, encoder_cfg)
     start = _start(out, fp, image_ids, overwrite)
+    grids = np.load(out / "grids.npy", mmap_mode="r+") if (out / "grids.npy").is_file() else None
+    transform = encoder.transform()
+    row_shape = tuple(grids.shape[1:]) if grids is not None else _row_shape(encoder, transform)  # (L, D)
+    if row_shape is not None:  # before any file is written or image read; only the rows still to compute
+        check_free_space(out, len(images) - start, row_shape)
     meta = _read_json(out / "meta.json") if start else {
         "format": CACHE_FORMAT, "fingerprint": fp, "weights": _weights_name(encoder), "dtype": "float16",
         "grid": None, "num_images": len(images), "code_version": __version__}
@@ -254,9 +272,8 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
         write_json_atomic(out / "index.json", index, indent=1)
         write_json_atomic(out / "meta.json", meta, indent=1)
     state: dict[str, Any] = _read_json(out / "progress.json") if start else {"rows_done": 0, "failed": {}}
-    grids = np.load(out / "grids.npy", mmap_mode="r+") if (out / "grids.npy").is_file() else None
     device = next(encoder.parameters()).device
-    loader = DataLoader(_ImageFiles(images, encoder.transform(), start), batch_size=batch_size,
+    loader = DataLoader(_ImageFiles(images, transform, start), batch_size=batch_size,
                         num_workers=num_workers, collate_fn=_collate_rows)
     for batch in tqdm(loader, desc=f"features -> {out}", disable=not progress, initial=-(-start // batch_size),
                       total=(len(images) + batch_size - 1) // batch_size):
@@ -267,6 +284,8 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
             if not np.isfinite(a).all():
                 raise ValueError("encoder outputs overflow float16; this encoder cannot be cached as float16")
             if grids is None:
+                if row_shape is None:
+                    check_free_space(out, len(images) - start, a.shape[1:])
                 meta["grid"] = list(fmap.shape[-2:])
                 write_json_atomic(out / "meta.json", meta, indent=1)
                 grids = np.lib.format.open_memmap(out / "grids.npy", mode="w+", dtype=np.float16,

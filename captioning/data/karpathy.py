@@ -60,13 +60,14 @@ def _parse_entry(img: Any, n: int, json_path: Path, root: Path) -> _Entry:
         if not isinstance(s, dict):
             raise bad(f"sentences[{k}]", f"must be an object with 'raw' and/or 'tokens', got {describe(s)}")
         tokens = s.get("tokens", [])
-        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        checked = type(tokens) is _Tokens  # by _SharedTokens, as the file was decoded
+        if not checked and (not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens)):
             raise bad(f"sentences[{k}].tokens", f"must be a list of strings, got {describe(tokens)}")
         text = s.get("raw", " ".join(tokens))
         if not isinstance(text, str):
             raise bad(f"sentences[{k}].raw", f"must be a string, got {describe(text)}")
         raw.append(text)
-        toks.append(tokens or None)  # lower-cased by _SharedTokens as the file was decoded
+        toks.append((tokens if checked else [t.lower() for t in tokens]) or None)
     size = None
     if "height" in img and "width" in img:
         if not all(is_id(img[k]) and img[k] > 0 for k in ("height", "width")):
@@ -92,11 +93,15 @@ def _check_unique(entries: Sequence[_Entry], json_path: Path) -> None:
                              f"({len(repeated)} {what}s appear more than once); each image must be listed once")
 
 
+class _Tokens(list):
+    """A sentence's tokens that `_SharedTokens` found to be strings and lower-cased (not checked again)."""
+
+
 class _SharedTokens:
     """A json object hook that lower-cases each sentence's tokens and keeps one string per distinct word.
 
     json makes a new string for every token it reads (about 7 million for COCO); sharing them as they are decoded
-    keeps the parsed file at a fraction of that. Entries it does not recognise are left for `_parse_entry` to check.
+    keeps the parsed file at a fraction of that. Tokens that are not all strings are left for `_parse_entry`.
     """
 
     def __init__(self) -> None:
@@ -104,9 +109,12 @@ class _SharedTokens:
 
     def __call__(self, obj: dict[str, Any]) -> dict[str, Any]:
         tokens = obj.get("tokens")
-        if type(tokens) is list and all(type(t) is str for t in tokens):
+        if type(tokens) is list:
             words = self.words
-            obj["tokens"] = [words.get(t) or words.setdefault(t, t.lower()) for t in tokens]
+            try:  # a token that is not a string has no .lower(): the list is left as it is
+                obj["tokens"] = _Tokens([words.get(t) or words.setdefault(t, t.lower()) for t in tokens])
+            except (AttributeError, TypeError):
+                pass
         return obj
 
 

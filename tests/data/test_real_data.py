@@ -230,6 +230,8 @@ def test_interrupted_extraction_resumes_where_it_stopped(tmp_path, monkeypatch):
     forward, seen = ResNetEncoder.forward, []
 
     def interrupted_after_two_batches(self, images):
+        if len(images) == 1:
+            return forward(self, images)  # the grid-size probe on a blank image, before any image is read
         if len(seen) == 2:
             raise KeyboardInterrupt  # what Ctrl-C or a killed job leaves behind
         seen.append(len(images))
