@@ -45,8 +45,9 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
     features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])
+    # A dataset section taken from the checkpoint may name a prepared set; it is opened if there, never written.
     _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
-                             features=features)
+                             features=features, write_prepared=cfg.get("dataset") is not None)
     ds = data[cfg.eval.split]
     instances = load_instances(cfg.eval.get("instances"), ds)
     preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)

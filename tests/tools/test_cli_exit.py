@@ -97,6 +97,23 @@ def test_extract_features_exit_status(shapes_json, tmp_path):
     assert_one_line_error(proc, "captioning-extract-features", "cannot write to the folder", "file")
 
 
+def test_prepare_exit_status(shapes_json, tmp_path):
+    common = [f"dataset.root={shapes_json.parent}", *TINY_SHAPES[:6], f"dataset.prepared={tmp_path / 'prepared'}"]
+    proc = run("captioning-prepare", *common, cwd=tmp_path)
+    assert_ok(proc)
+    summary = json.loads(proc.stdout)
+    assert summary["splits"]["train"] == {"images": 48, "captions": 240} and Path(summary["prepared"]).is_dir()
+    assert "building" in proc.stderr
+    again = run("captioning-prepare", *common, cwd=tmp_path)
+    assert_ok(again)
+    assert "opened" in again.stderr and json.loads(again.stdout) == summary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]  # no Hydra run folder, no log file
+    proc = run("captioning-prepare", *common, "dataset.min_wrd_freq=2", cwd=tmp_path)
+    assert_one_line_error(proc, "captioning-prepare", "dataset.min_wrd_freq", "min_word_freq")
+    proc = run("captioning-prepare", *common, "dataset.prepared=null", cwd=tmp_path)
+    assert_one_line_error(proc, "captioning-prepare", "dataset.prepared", "FOLDER")
+
+
 def test_score_and_html_exit_status(trained, shapes_json, tmp_path):
     results = trained / "eval" / "results.json"
     refs = {"annotations": [{"image_id": r["image_id"], "id": k, "caption": "a red circle"}
@@ -217,7 +234,7 @@ def test_train_help_describes_the_tool(tmp_path):
     assert "Examples:" in proc.stdout and "attention: concat, dot, general, hard" in proc.stdout
     assert len(proc.stdout.splitlines()) < 60  # the tool, its options and groups; not the whole config
     for script in ("captioning-evaluate", "captioning-caption", "captioning-score", "captioning-html",
-                   "captioning-report", "captioning-extract-features"):
+                   "captioning-report", "captioning-extract-features", "captioning-prepare"):
         proc = run(script, "--help", cwd=tmp_path)
         assert_ok(proc)
         assert "example" in proc.stdout.lower(), script
