@@ -203,6 +203,11 @@ class SplitView(Sequence[ImageRecord]):
     def __iter__(self) -> Iterator[ImageRecord]:
         return (self[i] for i in range(len(self)))
 
+    def where(self, i: int) -> tuple[int, str]:
+        """Image i's id and path, without building its record (what loading its image needs)."""
+        row = int(self.rows[i])
+        return int(self.arrays.image_ids[row]), _text(self.arrays.paths, self.arrays.path_offsets, row)
+
     @property
     def image_ids(self) -> list[int]:
         """The image ids in order, without building the records."""
@@ -237,14 +242,16 @@ class EncodedCaptions(Sequence[list[torch.Tensor]]):
         if isinstance(i, slice):
             return EncodedCaptions(self.split[i], self.lookup, self.max_len, self.start_id, self.end_id)
         a, row = self.split.arrays, int(self.split.rows[i])
+        first, last = int(a.image_offsets[row]), int(a.image_offsets[row + 1])
+        bounds = a.caption_offsets[first:last + 1].tolist()
+        ids = self.lookup[a.tokens[bounds[0]:bounds[-1]]]  # (tokens of the image's captions,) vocabulary ids
         out = []
-        for c in range(int(a.image_offsets[row]), int(a.image_offsets[row + 1])):
-            begin, end = int(a.caption_offsets[c]), int(a.caption_offsets[c + 1])
-            ids = self.lookup[a.tokens[begin:min(end, begin + self.max_len)]]  # (n,) vocabulary ids
-            t = torch.empty(len(ids) + 2, dtype=torch.int64)
+        for begin, end in zip(bounds[:-1], bounds[1:]):
+            begin, end = begin - bounds[0], min(end, begin + self.max_len) - bounds[0]
+            t = np.empty(end - begin + 2, dtype=np.int64)  # (n+2,) <start> w_1 .. w_n <end>
             t[0], t[-1] = self.start_id, self.end_id
-            t[1:-1] = torch.from_numpy(ids)
-            out.append(t)
+            t[1:-1] = ids[begin:end]
+            out.append(torch.from_numpy(t))
         return out
 
     def caption_counts(self) -> np.ndarray:

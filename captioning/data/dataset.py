@@ -11,6 +11,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,18 +57,25 @@ class CaptionDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         try:
-            record = self.records[i]
+            image_id, path = self.where(i)
             if self.features is not None:
-                image = self.features[record.image_id]  # (L, D) cached annotation grid
+                image = self.features[image_id]  # (L, D) cached annotation grid
             else:
-                image = self.transform(load_image(record.path))  # (3, H, W)
+                image = self.transform(load_image(path))  # (3, H, W)
         except ImageError as err:  # counted and reported by the caller, never a crash mid-epoch
             return {"image": None, "error": str(err), "index": i}
         captions = self.encoded[i]
         if self.captions_per_image is not None and len(captions) > self.captions_per_image:
             # A fresh random subset each time the image is drawn: every caption is seen over the epochs.
             captions = [captions[j] for j in torch.randperm(len(captions))[: self.captions_per_image].tolist()]
-        return {"image": image, "captions": captions, "index": i, "path": str(record.path)}
+        return {"image": image, "captions": captions, "index": i, "path": str(path)}
+
+    def where(self, i: int) -> tuple[int, str | Path]:
+        """Image i's id and file (prepared captions give them without building the whole record)."""
+        if isinstance(self.records, SplitView):
+            return self.records.where(i)
+        record = self.records[i]
+        return record.image_id, record.path
 
 
 @dataclass

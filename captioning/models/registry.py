@@ -29,6 +29,7 @@ from captioning.config.signature import argument_problems, parameters
 from captioning.data.coco_captions import read_coco_captions
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.shapes import build_shapes
+from captioning.data.table import read_table
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.attention_family import (
     ConcatAttention,
@@ -70,6 +71,7 @@ DATASET_GENERATORS: dict[str, Callable[..., Any]] = {
 READERS: dict[str, Callable[..., Any]] = {
     "captioning.data.karpathy.read_karpathy_splits": read_karpathy_splits,
     "captioning.data.coco_captions.read_coco_captions": read_coco_captions,
+    "captioning.data.table.read_table": read_table,
 }
 # `objective`: what the training loss is (conf/objective/: xe, scst); the trainer builds it with its config's arguments.
 OBJECTIVES: dict[str, Callable[..., Any]] = {

@@ -300,6 +300,7 @@ def test_the_reader_is_a_registered_target_checked_by_its_signature(real_files):
     with pytest.raises(ConfigError) as err:
         validate_train_config(_compose("dataset.reader._target_=os.makedirs"))
     assert err.value.problems == [("dataset.reader", ("unknown type 'os.makedirs'; choose one of read_karpathy_splits, "
-                                   "read_coco_captions (a new one needs its line in captioning/models/registry.py)"))]
+                                   "read_coco_captions, read_table (a new one needs its line in "
+                                   "captioning/models/registry.py)"))]
     with pytest.raises(ConfigError, match=r"dataset\.reader\.splits: set by the code that builds read_karpathy_splits"):
         validate_train_config(_compose("+dataset.reader.splits=[train]"))

@@ -114,6 +114,41 @@ def test_prepare_exit_status(shapes_json, tmp_path):
     assert_one_line_error(proc, "captioning-prepare", "dataset.prepared", "FOLDER")
 
 
+def test_prepare_to_karpathy_round_trip(tmp_path):
+    """A table of the user's own photos -> a Karpathy file that captioning-score reads -> the same captions."""
+    (tmp_path / "photos" / "beach").mkdir(parents=True)
+    rows = ["image,caption,split", "beach/001.jpg,A dog runs along the beach.,train",
+            'beach/001.jpg,"A brown dog, running by the sea",train', "002.jpg,Two people cross a busy street,val",
+            "003.jpg,A red bus at a stop,test"]
+    (tmp_path / "photos" / "captions.csv").write_text("\n".join(rows) + "\n")
+    table = ["dataset=coco", "dataset/reader=table", f"dataset.annotations={tmp_path / 'photos' / 'captions.csv'}",
+             f"dataset.image_root={tmp_path / 'photos'}", f"dataset.prepared={tmp_path / 'prepared'}",
+             "dataset.min_word_freq=1"]
+    out = tmp_path / "dataset_photos.json"
+    proc = run("captioning-prepare", *table, "--to-karpathy", out, cwd=tmp_path)
+    assert_ok(proc)
+    assert json.loads(proc.stdout)["splits"]["train"] == {"images": 1, "captions": 2}
+    from captioning.data.karpathy import read_karpathy_splits
+    from captioning.data.table import read_table
+
+    back = read_karpathy_splits(["train", "val", "test"], out, tmp_path / "photos")
+    direct = read_table(["train", "val", "test"], tmp_path / "photos" / "captions.csv", tmp_path / "photos")
+    assert back == direct
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": back["test"][0].image_id, "caption": "a red bus at a stop"}]))
+    proc = run("captioning-score", "--annotations", out, "--results", results, "--metrics", "bleu", cwd=tmp_path)
+    assert_ok(proc)
+    assert json.loads(proc.stdout)["Bleu_1"] > 0.99
+    proc = run("captioning-prepare", *table, cwd=tmp_path)  # and prepared like any data set
+    assert_ok(proc)
+    assert json.loads(proc.stdout)["splits"]["val"] == {"images": 1, "captions": 1}
+    (tmp_path / "photos" / "captions.csv").write_text("\n".join([*rows, "004.jpg,,train"]) + "\n")
+    proc = run("captioning-prepare", *table, cwd=tmp_path)  # the log says why it is rebuilt; then the error
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "sources.annotations.sha256" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"captioning-prepare: error: {tmp_path / 'photos' / 'captions.csv'}: "
+                                                    "line 6: 'caption' is empty")
+
+
 def test_score_and_html_exit_status(trained, shapes_json, tmp_path):
     results = trained / "eval" / "results.json"
     refs = {"annotations": [{"image_id": r["image_id"], "id": k, "caption": "a red circle"}

@@ -1,0 +1,251 @@
+"""Your own data in a plain table: one row per caption, in a CSV or JSON Lines file, read into `ImageRecord`s.
+
+Columns (CSV: a header row; JSON Lines: the keys of each line's object; other columns are ignored):
+- `image`: the image's path, relative to `image_root` (by default the table's folder); absolute paths and `..`
+  are refused, so every image stays under the root;
+- `caption`: the caption as written (rows of one image give its captions, in row order);
+- `split` (optional): train, val or test (`restval` counts as train);
+- `image_id` (optional): an integer; without it the images are numbered 1, 2, ... in order of first appearance.
+
+Split rule without a `split` column: the distinct images, sorted by path, are shuffled with `random.Random(seed)`;
+the first `val_size` go to val, the next `test_size` to test, the rest to train (so the split does not depend on
+row order). The defaults, 1000 and 1000, are those of Karpathy's Flickr8k and Flickr30k splits.
+
+Bad input (a missing column, an empty image or caption, an unknown split, a non-integer id, one image with two ids
+or two splits, one id for two images, a line that is not a JSON object, a file that is not UTF-8) is refused with
+a ValueError naming the file, the line (CSV: the row's first physical line, the header being line 1) and the field.
+Captions that tokenise to nothing are skipped and counted in a warning; so are images left with no caption.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import random
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Annotated, Any
+
+from captioning.config.constraints import File, Range, choose_one, constrained
+from captioning.data.jsonio import is_id
+from captioning.data.records import SPLITS, ImageRecord, describe
+from captioning.data.vocab import tokenize
+
+logger = logging.getLogger(__name__)
+SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+COLUMNS = ("image", "caption", "split", "image_id")
+REQUIRED = ("image", "caption")
+SPLIT_VALUES = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+@dataclass
+class _Image:
+    """One distinct image of the table and what its rows say about it."""
+
+    line: int  # its first row
+    image_id: int  # given by the rows, or 1, 2, ... by first appearance
+    split: str | None
+    captions: list[tuple[list[str], str]] = field(default_factory=list)  # (tokens, raw) in row order
+
+
+def _text(path: Path) -> str:
+    """The file's text (UTF-8, an optional byte-order mark); a missing or non-UTF-8 file gives an error naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"file not found: {path}" if not path.exists() else f"not a file: {path}")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise OSError(f"cannot read {path}: {err.strerror or err}") from err
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text (byte {err.start}: "
+                         f"{data[err.start:err.start + 1]!r}); save the table as UTF-8") from err
+
+
+def _csv_rows(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, {column: cell}) of each non-blank CSV row; empty optional cells are left out."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = [name.strip().lower() for name in next(reader, [])]
+        for name in REQUIRED:
+            if name not in header:
+                raise ValueError(f"{path}: line 1: the header lacks the '{name}' column (it has {header}); a table "
+                                 f"needs the columns image and caption, optionally split and image_id")
+        for name in COLUMNS:
+            if header.count(name) > 1:
+                raise ValueError(f"{path}: line 1: the header names the '{name}' column twice")
+        start = reader.line_num + 1
+        for row in reader:
+            line, start = start, reader.line_num + 1
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) > len(header):
+                raise ValueError(f"{path}: line {line}: the row has {len(row)} fields, the header {len(header)} "
+                                 f"(quote a caption that holds a comma)")
+            cells = dict(zip(header, row))
+            yield line, {k: v for k, v in cells.items() if k in COLUMNS and (k in REQUIRED or v.strip())}
+    except csv.Error as err:
+        raise ValueError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from err
+
+
+def _jsonl_rows(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, {column: value}) of each non-blank JSON Lines line; null values are left out."""
+    for line, content in enumerate(io.StringIO(text, newline=""), start=1):
+        if not content.strip():
+            continue
+        try:
+            obj = json.loads(content)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {line}: not valid JSON (column {err.colno}: {err.msg})") from err
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}: line {line}: must be a JSON object with 'image' and 'caption', "
+                             f"got {describe(obj)}")
+        yield line, {k: v for k, v in obj.items() if k in COLUMNS and v is not None}
+
+
+def _relative(text: str) -> PurePosixPath | str:
+    """The normalised relative path `text` names, or what is wrong with it."""
+    if PurePosixPath(text).is_absolute() or PureWindowsPath(text).anchor:
+        return f"must be a path relative to the image root, got the absolute path {text!r:.80}"
+    if ".." in re.split(r"[/\\]", text):
+        return f"must stay under the image root (no '..'), got {text!r:.80}"
+    path = PurePosixPath(text)
+    return path if path.parts else f"names no file, got {text!r:.80}"
+
+
+def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """The checked fields of one row, or the first (field, problem) found."""
+    out: dict[str, Any] = {}
+    for name in REQUIRED:
+        value = values.get(name)
+        if not isinstance(value, str) or not value.strip():
+            what = "is missing" if name not in values else ("is empty" if isinstance(value, str)
+                                                            else f"must be a string, got {describe(value)}")
+            return out, (name, what)
+        out[name] = value.strip()
+    image = _relative(out["image"])
+    if isinstance(image, str):
+        return out, ("image", image)
+    out["image"] = image
+    split = values.get("split")
+    if split is not None:
+        if not isinstance(split, str) or split.strip() not in SPLIT_VALUES:
+            return out, ("split", f"is {split!r:.40}: {choose_one(str(split).strip(), list(SPLIT_VALUES))}")
+        out["split"] = SPLIT_VALUES[split.strip()]
+    image_id = values.get("image_id")
+    if image_id is not None:
+        if isinstance(image_id, str) and _INTEGER.fullmatch(image_id.strip()):
+            image_id = int(image_id)
+        if not is_id(image_id):
+            return out, ("image_id", f"must be an integer, got {describe(image_id)}")
+        out["image_id"] = image_id
+    return out, None
+
+
+def _images(rows: Iterator[tuple[int, dict[str, Any]]], path: Path) -> dict[PurePosixPath, _Image]:
+    """The table's images by path, in order of first appearance, with their captions; conflicts refused."""
+    images: dict[PurePosixPath, _Image] = {}
+    by_id: dict[int, PurePosixPath] = {}
+    given: dict[str, int] = {}  # optional column -> the first line that gives it
+    lacking: dict[str, int] = {}  # optional column -> the first line that does not
+
+    def bad(line: int, name: str, problem: str) -> ValueError:
+        return ValueError(f"{path}: line {line}: '{name}' {problem}")
+
+    for line, values in rows:
+        row, problem = _parse(values)
+        if problem:
+            raise bad(line, *problem)
+        for name in ("split", "image_id"):
+            (given if name in row else lacking).setdefault(name, line)
+            if name in given and name in lacking:
+                raise bad(lacking[name], name, f"is missing (line {given[name]} gives one): give every row "
+                          f"a {name} or none")
+        image = images.setdefault(row["image"], _Image(line, row.get("image_id", len(images) + 1), row.get("split")))
+        if "image_id" in row and image.image_id != row["image_id"]:
+            raise bad(line, "image_id", f"{row['image_id']} differs from the id {image.image_id} that line "
+                      f"{image.line} gives {str(row['image'])!r}; one image has one id")
+        if image.split != row.get("split"):
+            raise bad(line, "split", f"{row['split']!r} differs from the split {image.split!r} that line "
+                      f"{image.line} gives {str(row['image'])!r}; all rows of an image give one split")
+        if "image_id" in row and by_id.setdefault(image.image_id, row["image"]) != row["image"]:
+            other = by_id[image.image_id]
+            raise bad(line, "image_id", f"{image.image_id} is already the id of {str(other)!r} (line "
+                      f"{images[other].line}); each image needs its own id")
+        image.captions.append((tokenize(row["caption"]), row["caption"]))
+    return images
+
+
+def _drop_empty(images: dict[PurePosixPath, _Image], path: Path) -> dict[PurePosixPath, _Image]:
+    """The images with their non-empty captions; empty captions and images left with none are counted, skipped."""
+    kept: dict[PurePosixPath, _Image] = {}
+    empty = 0
+    for name, image in images.items():
+        captions = [(t, w) for t, w in image.captions if t]
+        empty += len(image.captions) - len(captions)
+        if captions:
+            kept[name] = _Image(image.line, image.image_id, image.split, captions)
+    if empty:
+        logger.warning("%s: skipped %d captions with no words", path, empty)
+    if len(kept) < len(images):
+        bare = next(str(n) for n in images if n not in kept)
+        logger.warning("%s: skipped %d images with no caption left (e.g. %s)", path, len(images) - len(kept), bare)
+    return kept
+
+
+def _seeded_split(names: Sequence[PurePosixPath], val_size: int, test_size: int, seed: int) -> dict[PurePosixPath, str]:
+    """Image -> split: sorted by path, shuffled with `seed`; `val_size` to val, the next `test_size` to test, the
+    rest to train."""
+    order = sorted(names, key=str)
+    random.Random(seed).shuffle(order)
+    return {n: "val" if k < val_size else "test" if k < val_size + test_size else "train" for k, n in enumerate(order)}
+
+
+@constrained
+def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
+               image_root: str | os.PathLike | None = None, val_size: Annotated[int, Range(ge=0)] = 1000,
+               test_size: Annotated[int, Range(ge=0)] = 1000, seed: int = 0) -> dict[str, list[ImageRecord]]:
+    """The requested splits of a caption table (.csv, .jsonl, .ndjson), by split; see the module docstring.
+
+    With a `split` column each image takes the split its rows give, and val_size, test_size and seed are ignored.
+    The `dataset.reader` of conf/dataset/reader/table.yaml.
+    """
+    for s in splits:
+        if s not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {s!r}")
+    path = Path(annotations)
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"{path}: a caption table must be a {', '.join(SUFFIXES)} file, got {path.suffix!r}")
+    rows = _csv_rows(_text(path), path) if kind == "csv" else _jsonl_rows(_text(path), path)
+    images = _drop_empty(_images(rows, path), path)
+    has_split = any(image.split is not None for image in images.values())
+    split_of = ({n: str(image.split) for n, image in images.items()} if has_split
+                else _seeded_split(list(images), val_size, test_size, seed))
+    root = Path(image_root) if image_root is not None else path.parent
+    out: dict[str, list[ImageRecord]] = {}
+    for s in splits:
+        out[s] = [ImageRecord(image.image_id, root / n, [t for t, _ in image.captions], [w for _, w in image.captions])
+                  for n, image in images.items() if split_of[n] == s]
+        if not out[s]:
+            why = _why_empty(split_of, has_split, val_size, test_size)
+            raise ValueError(f"{path}: split {s!r} has no images ({why})")
+    return out
+
+
+def _why_empty(split_of: Mapping[PurePosixPath, str], has_split: bool, val_size: int, test_size: int) -> str:
+    """Why a split came out empty, and what to set."""
+    if has_split:
+        return "its 'split' column gives it none"
+    sizes = {s: sum(v == s for v in split_of.values()) for s in SPLITS}
+    return (f"the seeded split of its {len(split_of)} images gives {sizes['train']} to train, {sizes['val']} to val "
+            f"and {sizes['test']} to test with dataset.reader.val_size={val_size} and test_size={test_size}; "
+            f"set those two, or give the table a 'split' column")
