@@ -110,6 +110,18 @@ def coco_file(work: Path) -> Path:
     return path
 
 
+def raw_only(path: Path) -> Path:
+    """The same file without the sentences' tokens (as a table or raw COCO captions give them): made once."""
+    out = path.with_name(path.stem + "_raw.json")
+    if not out.is_file():
+        data = json.loads(path.read_text())
+        for img in data["images"]:
+            for s in img["sentences"]:
+                del s["tokens"]
+        out.write_text(json.dumps(data))
+    return out
+
+
 def dataset_cfg(path: Path, prepared: Path | None) -> str:
     """The `coco` data set's settings for the generated file."""
     return json.dumps({"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits",
@@ -172,10 +184,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--cache-rows", type=int, default=3000)
     parser.add_argument("--skip", nargs="*", default=[], choices=["build", "loader", "cache"])
+    parser.add_argument("--raw-only", action="store_true",
+                        help="build from the file without tokens (every caption tokenised: tables, raw COCO files)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     path = coco_file(args.work)
-    prepared = args.work / "prepared"
+    if args.raw_only:
+        path = raw_only(path)
+    prepared = args.work / ("prepared_raw" if args.raw_only else "prepared")
     print(f"{path}: {path.stat().st_size / 1e6:.0f} MB, {os.cpu_count()} CPUs")
     if "build" not in args.skip:
         print("building the train/val/test data sets (fresh process each):")
