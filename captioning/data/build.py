@@ -17,7 +17,7 @@ from captioning.data.captions import CaptionTable, caption_counts
 from captioning.data.dataset import CaptionDataset
 from captioning.data.features import FeatureCache
 from captioning.data.prepared import open_or_prepare
-from captioning.data.records import SPLITS, ImageRecord
+from captioning.data.records import SPLITS, ImageRecord, collector_paused
 from captioning.data.vocab import Vocabulary
 from captioning.models import registry
 
@@ -55,7 +55,8 @@ def _reader(cfg: Mapping[str, Any]) -> tuple[Callable[..., Any], dict[str, Any],
 def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
     """Run the data set's `generate` step if it has one, then read the splits with the reader `dataset.reader` names."""
     reader, kwargs, _ = _reader(_plain(dataset_cfg))
-    return reader(splits=list(splits), **kwargs)
+    with collector_paused():
+        return reader(splits=list(splits), **kwargs)
 
 
 def load_table(dataset_cfg: DictConfig | Mapping[str, Any], write: bool = True) -> CaptionTable | None:

@@ -137,11 +137,13 @@ def split_records(entries: Sequence[_Entry], split: str, json_path: str | os.Pat
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     wanted = {split, "restval"} if split == "train" and train_includes_restval else {split}
     records, empty = [], 0
+    words: dict[str, str] = {}  # one string per distinct word of the captions tokenised here
     for entry in entries:
         if entry.split not in wanted:
             continue
         r = entry.record
-        captions = [t if t is not None else tokenize(w) for t, w in zip(entry.tokens, r.raw)]
+        captions = [t if t is not None else [words.get(w) or words.setdefault(w, w) for w in tokenize(raw)]
+                    for t, raw in zip(entry.tokens, r.raw)]
         keep = [(t, w) for t, w in zip(captions, r.raw) if t]
         empty += len(captions) - len(keep)
         if not keep:

@@ -30,7 +30,7 @@ from typing import Any
 from captioning.config.signature import file_parameters
 from captioning.data.captions import CaptionTable
 from captioning.data.jsonio import load_json, write_json_atomic
-from captioning.data.records import SPLITS, ImageRecord
+from captioning.data.records import SPLITS, ImageRecord, collector_paused
 
 logger = logging.getLogger(__name__)
 FORMAT = "captioning-prepared/v1"
@@ -187,7 +187,8 @@ def open_or_prepare(root: str | os.PathLike, reader: Callable[..., Any], reader_
             logger.warning("prepared captions at %s are damaged (%s); building them again", folder, err)
     else:
         logger.info("prepared captions: building %s (%s)", folder, _why(key, known))
-    table = CaptionTable.from_records(read())
+    with collector_paused():
+        table = CaptionTable.from_records(read())
     if not write:
         return table
     try:
