@@ -142,7 +142,12 @@ def _write(table: CaptionTable, root: Path, name: str, key: Mapping[str, Any],
                                            "splits": counts, "words": len(table.words),
                                            "created": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1)
         target = root / name
-        shutil.rmtree(target, ignore_errors=True)  # a damaged set of the same settings
+        if target.is_dir():
+            try:
+                _open(target, key)
+                return target  # another process (a sweep's other job) finished the same set meanwhile
+            except (OSError, ValueError):
+                shutil.rmtree(target, ignore_errors=True)  # the damaged (or manifest-less) set this one replaces
         try:
             os.rename(tmp, target)
         except OSError:

@@ -228,3 +228,21 @@ def test_views_slice_and_pickle_as_their_folder(tmp_path):
     back = pickle.loads(blob)
     _same_datasets(back, ds)
     _same_datasets(CaptionDataset(view[1::3], vocab, None, 20), CaptionDataset(records[1::3], vocab, None, 20))
+
+
+def test_a_set_without_its_manifest_is_replaced_and_one_finished_meanwhile_is_kept(tmp_path, caplog):
+    path = _karpathy(tmp_path)
+    cfg = _cfg(path, tmp_path / "prepared")
+    load_table(cfg)
+    (folder,) = [p for p in (tmp_path / "prepared").iterdir()]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").unlink()  # e.g. removed by hand: the arrays alone are never trusted
+    with caplog.at_level(logging.INFO, "captioning.data.prepared"):
+        table = load_table(cfg)
+    assert "building" in caplog.text and "built" in caplog.text and (folder / "manifest.json").is_file()
+    _same_records(table.split("val"), read_karpathy_splits(["val"], path, path.parent / "images")["val"])
+    # Another job of a sweep finished the same set while this one was building it: that set is kept as it is.
+    before = (folder / "manifest.json").stat().st_mtime_ns
+    assert prepared._write(table, tmp_path / "prepared", folder.name, manifest["content"], manifest["files"]) == folder
+    assert (folder / "manifest.json").stat().st_mtime_ns == before
+    assert [p.name for p in (tmp_path / "prepared").iterdir()] == [folder.name]  # no temporary folder left
