@@ -43,7 +43,18 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
 
 
 def sequence_nll(logits: torch.Tensor, targets: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """-log p(y_t) per step (N, T), zero at padded steps."""
+    """-log p(y_t) per step (N, T), zero at padded steps.
+
+    logits (N, T, V), or (R, V) for the R real tokens only (targets != pad_id, caption by caption: what the
+    decoders return given the captions' lengths): then the softmax runs over real tokens only.
+    """
+    if logits.dim() == 2:
+        real = targets != pad_id  # (N, T)
+        if logits.shape[0] != int(real.sum()):
+            raise ValueError(f"logits of real tokens only must have one row per target that is not padding "
+                             f"({int(real.sum())}), got {logits.shape[0]}")
+        nll = F.cross_entropy(logits, targets[real], reduction="none")  # (R,)
+        return nll.new_zeros(targets.shape).masked_scatter(real, nll)  # (N, T)
     nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=pad_id)  # (N, T)
     return nll
 

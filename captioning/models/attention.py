@@ -34,6 +34,12 @@ class AttentionOutput:
     entropy: torch.Tensor | None = None  # (N,) H(alpha_t)
     index: torch.Tensor | None = None  # (N,) the sampled / chosen region
 
+    def select(self, rows: torch.Tensor) -> AttentionOutput:
+        """The outputs of these rows (n,) only."""
+        pick = [None if x is None else x.index_select(0, rows)
+                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index)]
+        return AttentionOutput(*pick)  # type: ignore[arg-type]
+
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over regions (last dim) that gives padded regions (mask False) exactly zero weight."""

@@ -44,14 +44,18 @@ class Captioner(nn.Module):
         fmap = self.encoder(images)  # (B, D, h, w)
         return fmap.flatten(2).transpose(1, 2), tuple(fmap.shape[-2:])  # (B, L, D)
 
-    def forward(self, images: torch.Tensor, captions: torch.Tensor,
-                image_index: torch.Tensor | None = None) -> DecoderOutput:
+    def forward(self, images: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
+                lengths: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding of captions (N, T+1); image_index (N,) says which image each caption is for.
 
-        `images` may be precomputed annotations (B, L, D) instead of images (see `encode`).
+        `images` may be precomputed annotations (B, L, D) instead of images (see `encode`). Given the captions'
+        lengths (N,) (real targets, `packing.prefix_lengths`), each caption runs its own steps only and the logits
+        are (R, V), one row per real token.
         """
         a, grid = self.encode(images)  # encode each image once, however many captions it has
-        return self.decoder(a, captions, image_index, grid=grid)
+        if lengths is None:
+            return self.decoder(a, captions, image_index, grid=grid)
+        return self.decoder(a, captions, image_index, grid=grid, lengths=lengths)
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, beam_size: int = 3, max_len: int = 20,

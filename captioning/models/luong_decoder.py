@@ -28,13 +28,13 @@ from captioning.models.decoder import (
     DecoderOutput,
     DropoutRate,  # DropoutRate and Size: the constraints both decoders declare
     Size,
-    UnrolledLinear,
-    UnrolledLSTM,
     _mlp,
     annotation_state,
     images_and_rows,
     repeat_rows,
 )
+from captioning.models.packing import StepPlan
+from captioning.models.unrolled import UnrolledLinear, UnrolledLSTM
 
 # h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
 LuongState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -86,42 +86,56 @@ class LuongDecoder(nn.Module):
         return self.output(state[2]), state, att
 
     def forward(self, a: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> DecoderOutput:
+                mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None,
+                lengths: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher forcing over captions (N, T+1) that start with <start>; a (B, L, D) holds one grid per image.
 
         Computes what `advance` does step by step, faster (see `captioning.models.decoder`): the word part of the
         LSTM input for all steps at once, k captions per image sharing a and keys, and the recurrent GEMMs'
         weight gradients (LSTM, and W_c with input feeding) one GEMM each over all steps. Without input feeding
-        h~_t feeds nothing recurrent, so W_c runs once over all steps after the loop.
+        h~_t feeds nothing recurrent, so W_c runs once over all steps after the loop. Given lengths (N,), each
+        step runs the captions still running only and the logits are (R, V), real tokens only (as in
+        `ShowAttendTellDecoder.forward`).
         """
         keys = self.attention.prepare(a, grid)  # once per image, before expanding to captions
         a, keys, mask, k = images_and_rows(a, keys, mask, image_index)
+        plan = StepPlan.of(lengths, a.shape[0], k, captions.shape[1] - 1)
+        a, keys, mask = plan.order_images(a, keys, mask)  # images by longest caption, longest first
         h, c, h_tilde, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n) x 3, (N, L)
-        emb = self.embed(captions[:, :-1])  # (N, T, m)
-        T = captions.shape[1] - 1
-        lstm, w_c = UnrolledLSTM(self.lstm, emb), UnrolledLinear(self.W_c.weight, T)
+        emb, _ = plan.embed(self.embed, captions[:, :-1])  # (sum_t n_t, m) step-major
+        lstm, w_c = UnrolledLSTM(self.lstm, emb, plan.counts), UnrolledLinear(self.W_c.weight, plan.steps)
         outs, alphas = [], []
         log_probs: list[torch.Tensor] = []
         entropies: list[torch.Tensor] = []
-        for t in range(T):
-            h, c = lstm(t, h_tilde if self.input_feeding else None, h, c)  # (N, n)
-            att = self.attention(a, keys, h, mask, prev_alpha)  # from h_t, after the step
-            joint = torch.cat([att.context, h], dim=1)  # (N, D + n)
-            if self.input_feeding:
-                h_tilde = torch.tanh(w_c(t, joint))  # (N, n), fed to the next step
-            outs.append(h_tilde if self.input_feeding else joint)
+        for t in range(plan.steps):
+            b, rows = plan.images[t], plan.rows[t]
+            h, c, h_tilde, prev_alpha = h[: b * k], c[: b * k], h_tilde[: b * k], prev_alpha[: b * k]
+            fed = h_tilde if self.input_feeding else None
+            if rows is None:
+                h, c = lstm(t, fed, h, c)  # (n_t, n)
+            else:  # only the captions still running; the others' states stay as they were
+                h_t, c_t = lstm(t, None if fed is None else fed[rows], h[rows], c[rows])  # (n_t, n)
+                h, c = h.index_copy(0, rows, h_t), c.index_copy(0, rows, c_t)
+            att = self.attention(a[:b], keys[:b], h, None if mask is None else mask[:b], prev_alpha)  # from h_t
             prev_alpha = att.alpha
-            alphas.append(att.alpha)
-            if att.log_prob is not None and att.entropy is not None:
-                log_probs.append(att.log_prob)
-                entropies.append(att.entropy)
-        outs_t = torch.stack(outs, 1)  # (N, T, n), or (N, T, D + n) before W_c
-        h_tildes = outs_t if self.input_feeding else torch.tanh(self.W_c(outs_t))  # (N, T, n)
-        alphas_t = torch.stack(alphas, 1)  # (N, T, L)
+            run = att if rows is None else att.select(rows)
+            joint = torch.cat([run.context, h if rows is None else h_t], dim=1)  # (n_t, D + n)
+            if self.input_feeding:
+                out = torch.tanh(w_c(t, joint))  # (n_t, n), fed to the next step
+                h_tilde = out if rows is None else h_tilde.index_copy(0, rows, out)
+            outs.append(out if self.input_feeding else joint)
+            alphas.append(run.alpha)
+            if run.log_prob is not None and run.entropy is not None:
+                log_probs.append(run.log_prob)
+                entropies.append(run.entropy)
+        outs_t = plan.tokens(outs)  # (N, T, n) or (R, n), or before W_c (..., D + n)
+        h_tildes = outs_t if self.input_feeding else torch.tanh(self.W_c(outs_t))  # (N, T, n) or (R, n)
+        alphas_t = plan.padded(alphas)  # (N, T, L)
+        logits = self.output(h_tildes)  # (N, T, V) or (R, V) in one matmul
         return DecoderOutput(
-            logits=self.output(h_tildes),  # (N, T, n) -> (N, T, V) in one matmul
+            logits=logits if lengths is None else logits.reshape(-1, logits.shape[-1]),
             alphas=alphas_t,
-            betas=alphas_t.new_ones(alphas_t.shape[:2]),  # (N, T): no gate
-            log_probs=torch.stack(log_probs, 1) if log_probs else None,
-            entropies=torch.stack(entropies, 1) if entropies else None,
+            betas=plan.padded([x.new_ones(x.shape[0]) for x in alphas]),  # (N, T): no gate, 0 after the end
+            log_probs=plan.padded(log_probs) if log_probs else None,
+            entropies=plan.padded(entropies) if entropies else None,
         )

@@ -32,6 +32,7 @@ from captioning.losses import (
     leave_one_out_baseline,
     reinforce_loss,
 )
+from captioning.models.packing import prefix_lengths
 from captioning.training import precision, randomness
 from captioning.training.scst.rewards import CaptionReward
 from captioning.training.scst.sampling import CaptionSampler, Samples
@@ -97,8 +98,9 @@ class CrossEntropy:
         captions, image_index = batch.captions, batch.image_index
         if s.num_samples > 1:  # N sampled attention paths per caption
             captions, image_index = captions.repeat(s.num_samples, 1), image_index.repeat(s.num_samples)
+        lengths = prefix_lengths(captions[:, 1:], Vocabulary.pad_id)  # real words only (None: run every step)
         with precision.autocast(ctx.device, ctx.amp_dtype):
-            out = ctx.forward(batch.images, captions, image_index)
+            out = ctx.forward(batch.images, captions, image_index, lengths)
         f32 = precision.to_float32  # the loss runs in float32 whatever dtype the forward pass ran in
         return hard_attention_loss(out.logits.float(), captions[:, 1:], out.alphas.float(), f32(out.log_probs),
                                    f32(out.entropies), Vocabulary.pad_id, ctx.baseline, s.attention_weight,

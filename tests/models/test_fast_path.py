@@ -20,6 +20,7 @@ from captioning.models.attention_family import grid_positions
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 from captioning.models.luong_decoder import LuongDecoder
+from captioning.models.packing import StepPlan, prefix_lengths
 from captioning.runtime import CONF_DIR
 
 CONF = CONF_DIR / "attention"
@@ -126,6 +127,88 @@ def test_teacher_forcing_matches_the_step_by_step_loop(kind, name, index):
     _compare(dec, a, mask, captions, INDEXES[index])
 
 
+def _ragged(captions: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The captions cut to these numbers of real targets (pads after), and the lengths the loss finds in them."""
+    captions = captions.masked_fill(captions == 0, 5)  # words everywhere, then cut
+    for r, n in enumerate(lengths):
+        captions[r, n + 1:] = 0
+    lengths_t = prefix_lengths(captions[:, 1:], 0)
+    assert lengths_t is not None and lengths_t.tolist() == lengths
+    return captions, lengths_t
+
+
+RAGGED = {"none": [6, 2, 5], "k=2": [3, 6, 1, 2, 5, 4], "irregular": [4, 6, 2, 2, 1, 5], "k=2 equal": [4, 4, 2, 2, 6, 6]}
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("index", list(RAGGED))
+def test_teacher_forcing_over_real_words_only_matches_the_padded_loop(kind, name, index):
+    """Given the lengths, each step runs the captions still running only: the logits of the real tokens, the
+    alphas and gates of real steps, the loss and every gradient are the padded loop's (whose padded steps the
+    loss masks)."""
+    dec = _decoder(kind, name, dropout=0.0).double().train()
+    a, mask, captions = _data(k=1 if index == "none" else 2)
+    captions, lengths = _ragged(captions, RAGGED[index])
+    image_index = INDEXES["k=2" if index == "k=2 equal" else index]
+    if name == "hard":
+        dec.attention.sample_this_batch = False  # sampled regions draw differently when fewer rows run
+        mask = None
+    real = captions[:, 1:] != 0  # (N, T)
+    fast, fast_grads = _run(dec, functools.partial(type(dec).forward, lengths=lengths), a, captions, image_index, mask)
+    plain, plain_grads = _run(dec, plain_forward, a, captions, image_index, mask)
+    torch.testing.assert_close(fast.logits, plain.logits[real], atol=1e-9, rtol=1e-7)
+    steps = real.unsqueeze(-1).double()  # (N, T, 1)
+    torch.testing.assert_close(fast.alphas, plain.alphas * steps, atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(fast.betas, plain.betas * real, atol=1e-9, rtol=1e-7)
+    assert fast_grads.keys() == plain_grads.keys()
+    for n in plain_grads:
+        torch.testing.assert_close(fast_grads[n], plain_grads[n], atol=1e-9, rtol=1e-7, msg=n)
+
+
+def test_hard_attention_samples_regions_for_real_steps_only():
+    dec = _decoder("sat", "hard").double().train()
+    a, _, captions = _data()
+    captions, lengths = _ragged(captions, RAGGED["k=2"])
+    dec.attention.sample_this_batch = True
+    out, grads = _run(dec, functools.partial(type(dec).forward, lengths=lengths), a, captions, INDEXES["k=2"], None)
+    real = captions[:, 1:] != 0
+    assert out.log_probs is not None and out.entropies is not None
+    assert torch.all(out.log_probs[~real] == 0) and torch.all(out.log_probs[real] < 0)
+    assert torch.all(out.entropies[~real] == 0) and torch.all(out.entropies[real] > 0)
+    torch.testing.assert_close(out.alphas.sum(-1), real.double())  # alphas sum to 1 at real steps, 0 after
+    assert grads and all(torch.isfinite(g).all() for g in grads.values())
+
+
+def test_lengths_that_fill_the_batch_give_the_dense_result():
+    dec = _decoder("sat", "soft").double().eval()
+    a, mask, captions = _data()
+    captions = captions.clone()
+    captions[0, 4:] = 5  # no padding at all
+    lengths = torch.full((captions.shape[0],), captions.shape[1] - 1)
+    with torch.no_grad():
+        dense = dec(a, captions, INDEXES["k=2"], mask, GRID)
+        packed = dec(a, captions, INDEXES["k=2"], mask, GRID, lengths=lengths)
+    assert torch.equal(packed.logits, dense.logits.reshape(-1, V))
+    assert torch.equal(packed.alphas, dense.alphas)
+
+
+def test_step_plan_runs_each_caption_for_its_own_steps():
+    lengths = torch.tensor([2, 5, 1, 3, 4, 4])  # image 0: 2, 5; image 1: 1, 3; image 2: 4, 4
+    plan = StepPlan.of(lengths, 3, 2, 7)
+    assert plan.steps == 5 and plan.counts == [6, 5, 4, 3, 1] and plan.images == [3, 3, 3, 2, 1]
+    assert plan.image_order is not None and plan.image_order.tolist() == [0, 2, 1]  # longest caption first
+    assert plan.packed_flat is not None and plan.row_major is not None
+    tokens = sorted(plan.packed_flat.tolist())
+    assert tokens == [r * 7 + t for r, n in enumerate(lengths.tolist()) for t in range(n)]  # every real token once
+    assert plan.packed_flat[plan.row_major].tolist() == tokens  # row-major order: caption by caption
+    with pytest.raises(ValueError, match="one per caption"):
+        StepPlan.of(lengths[:5], 3, 2, 7)
+    with pytest.raises(ValueError, match=r"lie in \[0, 4\]"):
+        StepPlan.of(lengths, 3, 2, 4)
+    assert prefix_lengths(torch.tensor([[4, 0, 5]]), 0) is None  # a pad before a word: only the masked path is right
+
+
 @pytest.mark.parametrize("kind", DECODERS)
 def test_float32_and_eval_mode(kind):
     dec = _decoder(kind, "soft").train()
@@ -145,7 +228,7 @@ def test_a_training_step_frees_its_graph_without_the_cycle_collector(kind, monke
     import gc
     import weakref
 
-    from captioning.models import decoder as decoder_module
+    from captioning.models import unrolled as decoder_module
 
     tapes: list[weakref.ref] = []
 

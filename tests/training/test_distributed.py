@@ -110,9 +110,13 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(two_ranks, shape
     w_ddp, w_ref = _weights(run / "checkpoints/last.pt"), _weights(tmp_path / "ref/checkpoints/last.pt")
     assert w_ddp.keys() == w_ref.keys()  # the plain module's keys, no "module." prefix
     # The bias of the attention score w cancels in the softmax: its true gradient is 0, its float noise differs
-    # between the runs, and Adam turns noise into steps of size lr. Every other weight agrees to 1e-5 (3e-6 measured).
+    # between the runs, and Adam turns noise into steps of size lr. So do the state init's weights on the two
+    # coordinate channels (the last two of a): their mean over an image's pixels is the same ~0 for every image
+    # (2e-4..7e-4 apart measured, each batch's images ordered by caption length). Every other weight agrees to
+    # 1e-5 (7e-7 measured).
     for k in w_ref.keys() - {"decoder.attention.w.bias"}:
-        assert torch.allclose(w_ddp[k], w_ref[k], rtol=0, atol=1e-5), k
+        keep = (slice(None), slice(0, -2)) if k in {"decoder.init_h.0.weight", "decoder.init_c.0.weight"} else ...
+        assert torch.allclose(w_ddp[k][keep], w_ref[k][keep], rtol=0, atol=1e-5), k
 
 
 def test_validation_is_gathered_to_exactly_a_single_process_decode(two_ranks, shapes_json):

@@ -1,0 +1,130 @@
+"""Teacher forcing over real words only: which rows each step of the decoder computes.
+
+A batch of captions is padded to its longest, but a caption of 9 words has no business at step 15. Given each
+caption's length (its real target tokens, <end> included), `StepPlan` orders the images by their longest caption
+(longest first) and each image's captions by length, so that at step t
+
+- the images with a caption still running are the first b_t (a prefix: attention runs on a[:b_t], keys[:b_t]
+  and their b_t k rows, k captions per image as everywhere in the decoders);
+- the captions still running are `rows[t]` among those b_t k rows (None: all of them): the LSTM, the gate and
+  everything after attention run for them only, and the other rows' states are left untouched;
+- the tokens computed over all steps (step-major, `packed_flat`) are exactly the real tokens, so the deep output,
+  the vocabulary projection and the loss see real tokens only, gathered (`row_major`), never masked.
+
+Without lengths, or when every caption fills the batch, the plan is dense: nothing is reordered or gathered and
+the decoders compute what they computed before (logits (N, T, V)). With lengths the logits are (R, V), one row
+per real token in the order of `dense_logits[targets != pad]` (caption by caption, step by step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def prefix_lengths(targets: torch.Tensor, pad_id: int) -> torch.Tensor | None:
+    """Real tokens per caption (N,) of targets (N, T) padded at the end, or None when some caption has a pad
+    before a word (then only the dense, masked path computes the right thing)."""
+    real = targets != pad_id  # (N, T)
+    lengths = real.sum(dim=1)  # (N,)
+    steps = torch.arange(targets.shape[1], device=targets.device)  # (T,)
+    return lengths if torch.equal(real, steps < lengths.unsqueeze(1)) else None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Rows per step for N = B k captions (k per image, image b owns rows b k .. b k + k - 1) of width T."""
+
+    N: int
+    T: int  # the captions' width: positions 0 .. T - 1 (tokens r T + t of the (N, T) inputs)
+    k: int
+    steps: int  # steps the loop runs: the longest caption's length
+    images: list[int]  # b_t: images with a caption still running at step t
+    rows: list[torch.Tensor | None]  # (n_t,) sorted rows still running among the first b_t k; None: all of them
+    counts: list[int]  # n_t: captions running at step t
+    image_order: torch.Tensor | None = None  # (B,) image of each sorted image; None: as given
+    packed_flat: torch.Tensor | None = None  # (R,) r T + t of each real token, step-major; None: dense
+    row_major: torch.Tensor | None = None  # (R,) position in the step-major packing of each token in (r, t) order
+
+    @property
+    def dense(self) -> bool:
+        """Every caption runs every step: nothing is gathered."""
+        return self.packed_flat is None
+
+    @classmethod
+    def full(cls, B: int, k: int, T: int) -> StepPlan:
+        """The dense plan: all B k captions for all T steps."""
+        return cls(B * k, T, k, T, [B] * T, [None] * T, [B * k] * T)
+
+    @classmethod
+    def of(cls, lengths: torch.Tensor | None, B: int, k: int, T: int) -> StepPlan:
+        """The plan for captions of these lengths (N,) (None: all T), k consecutive rows per image of B."""
+        N = B * k
+        if lengths is None or N == 0:
+            return cls.full(B, k, T)
+        if lengths.shape != (N,):
+            raise ValueError(f"lengths must be one per caption, shape ({N},), got {tuple(lengths.shape)}")
+        lens = lengths.detach().to("cpu", torch.long)  # one device sync per forward
+        if int(lens.min()) < 0 or int(lens.max()) > T:
+            raise ValueError(f"caption lengths must lie in [0, {T}], got {int(lens.min())}..{int(lens.max())}")
+        if int(lens.max()) == 0:
+            raise ValueError("no caption has a real token: lengths count the targets up to and with <end>")
+        if bool((lens == T).all()):
+            return cls.full(B, k, T)
+        device = lengths.device
+        per = lens.view(B, k)  # (B, k)
+        longest = per.max(dim=1).values  # (B,)
+        image_order = torch.sort(longest, descending=True, stable=True).indices  # (B,)
+        within = torch.sort(per[image_order], dim=1, descending=True, stable=True)  # (B, k) each image's captions
+        sorted_lens = within.values.reshape(-1)  # (N,) length of sorted row s
+        row_order = (image_order.unsqueeze(1) * k + within.indices).reshape(-1)  # (N,) original row of sorted row s
+        steps = int(longest.max())
+        images = [int((longest > t).sum()) for t in range(steps)]
+        rows: list[torch.Tensor | None] = []
+        counts, flats = [], []
+        for t, b in enumerate(images):
+            running = (sorted_lens[: b * k] > t).nonzero().squeeze(1)  # (n_t,) sorted rows
+            rows.append(None if running.numel() == b * k else running.to(device))
+            counts.append(running.numel())
+            flats.append(row_order[running] * T + t)  # (n_t,) token r T + t of each
+        packed_flat = torch.cat(flats)  # (R,) step-major
+        row_major = torch.sort(packed_flat).indices  # (R,): r T + t grows caption by caption, step by step
+        identity = torch.equal(image_order, torch.arange(B))
+        return cls(N, T, k, steps, images, rows, counts, None if identity else image_order.to(device),
+                   packed_flat.to(device), row_major.to(device))
+
+    def order_images(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """Per-image tensors (B, ...) in the plan's image order (None stays None)."""
+        if self.image_order is None:
+            return list(tensors)
+        return [None if x is None else x.index_select(0, self.image_order) for x in tensors]
+
+    def embed(self, embedding: Callable[[torch.Tensor], torch.Tensor],
+              words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedded input words (N, T): step-major for the LSTM (sum_t n_t, m) and per token for the deep output
+        ((N, T, m) dense, (R, m) packed). Only real tokens are embedded."""
+        if self.dense:
+            emb = embedding(words)  # (N, T, m)
+            return emb.transpose(0, 1).reshape(-1, emb.shape[-1]), emb  # (T N, m), (N, T, m)
+        assert self.packed_flat is not None and self.row_major is not None
+        emb = embedding(words.reshape(-1).index_select(0, self.packed_flat))  # (R, m) step-major
+        return emb, emb.index_select(0, self.row_major)
+
+    def tokens(self, per_step: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-step outputs of the running captions [(n_t, ...)] as per-token rows: (N, T, ...) dense, (R, ...)
+        packed in (caption, step) order."""
+        if self.dense:
+            return torch.stack(list(per_step), 1)  # (N, T, ...)
+        assert self.row_major is not None
+        return torch.cat(list(per_step)).index_select(0, self.row_major)  # (R, ...)
+
+    def padded(self, per_step: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-step outputs [(n_t, ...)] as (N, T, ...) in the captions' own order, zero where a caption has ended."""
+        if self.dense:
+            return torch.stack(list(per_step), 1)  # (N, T, ...)
+        assert self.packed_flat is not None
+        packed = torch.cat(list(per_step))  # (R, ...)
+        out = packed.new_zeros((self.N * self.T, *packed.shape[1:]))  # (N T, ...)
+        return out.index_copy(0, self.packed_flat, packed).view(self.N, self.T, *packed.shape[1:])
