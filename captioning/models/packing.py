@@ -95,11 +95,13 @@ class StepPlan:
         return cls(N, T, k, steps, images, rows, counts, None if identity else image_order.to(device),
                    packed_flat.to(device), row_major.to(device))
 
-    def order_images(self, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-        """Per-image tensors (B, ...) in the plan's image order (None stays None)."""
+    def order_images(self, a: torch.Tensor, keys: torch.Tensor,
+                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """a (B, L, D), keys (B, ...) and mask (B, L) in the plan's image order."""
         if self.image_order is None:
-            return list(tensors)
-        return [None if x is None else x.index_select(0, self.image_order) for x in tensors]
+            return a, keys, mask
+        order = self.image_order
+        return a.index_select(0, order), keys.index_select(0, order), None if mask is None else mask[order]
 
     def embed(self, embedding: Callable[[torch.Tensor], torch.Tensor],
               words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
