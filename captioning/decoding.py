@@ -73,31 +73,61 @@ def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, score
     return Decoded([row[:m] for row, m in zip(seqs.tolist(), n)], [maps[i, :m] for i, m in enumerate(n)], scores)
 
 
+def _compact_due(done: torch.Tensor) -> tuple[bool, bool]:
+    """(all done, worth compacting): the one host sync per step; compact once a quarter of the rows are done, so
+    that each copy of a, keys and the state is paid back by the steps after it."""
+    n = int(done.sum())
+    return n == done.shape[0], n > 0 and 4 * n >= done.shape[0]
+
+
+def _live_rows(keep: torch.Tensor, k: int) -> torch.Tensor:
+    """The k consecutive rows b k .. b k + k - 1 of each kept image b (n,) -> (n k,)."""
+    return (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
+
+
+def _select(index: torch.Tensor, *tensors: torch.Tensor | None) -> list[Any]:
+    """These rows of each tensor (None stays None)."""
+    return [None if x is None else x.index_select(0, index) for x in tensors]
+
+
 @torch.no_grad()
 def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
                   mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
-    """Pick the most likely word at every step, for a batch of annotation grids a (B, L, D)."""
+    """Pick the most likely word at every step, for a batch of annotation grids a (B, L, D).
+
+    Captions that have ended drop out of the batch (once a quarter of the running ones has): the others decode
+    exactly as they would have with them.
+    """
     _check(1, max_len)
     (B, L), pad, end = a.shape[:2], Vocabulary.pad_id, Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A)
     state = decoder.init_state(a, mask)
     words = a.new_full((B,), Vocabulary.start_id, dtype=torch.long)
     finished = torch.zeros(B, dtype=torch.bool, device=a.device)
-    scores = a.new_zeros(B)
+    live = torch.arange(B, device=a.device)  # the image of each running row
+    scores, live_scores = a.new_zeros(B), a.new_zeros(B)
     seqs = a.new_full((B, max_len), pad, dtype=torch.long)  # word t of each caption, written in place
     maps = a.new_zeros(B, max_len, L)  # alpha_t of each word
     lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
     special = special_ids(a.device)
     for t in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
-        logp = word_log_probs(logits, special)  # (B, V)
-        words = logp.argmax(dim=-1).masked_fill(finished, pad)  # (B,); finished captions are fed <pad>
-        scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
-        seqs[:, t], maps[:, t] = words, att.alpha
-        lengths = torch.where(words == end, t, lengths)
+        logp = word_log_probs(logits, special)  # (b, V)
+        words = logp.argmax(dim=-1).masked_fill(finished, pad)  # (b,); finished captions are fed <pad>
+        live_scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
+        seqs[live, t], maps[live, t] = words, att.alpha
+        lengths[live] = torch.where(words == end, t, lengths[live])
         finished |= words == end
-        if finished.all():  # the one host sync per step
+        every, compact = _compact_due(finished)
+        if every:
             break
+        if compact:  # drop the finished captions from the batch
+            scores[live] = live_scores
+            keep = (~finished).nonzero().squeeze(1)  # (b',)
+            a, keys, mask, words, finished, live, live_scores = _select(keep, a, keys, mask, words, finished, live,
+                                                                        live_scores)
+            state = map_state(functools.partial(torch.index_select, dim=0, index=keep), state)
+    scores[live] = live_scores
     return _finish(seqs, maps, lengths, scores)
 
 
@@ -150,46 +180,63 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
     logits, state, att = decoder.step(a.new_full((B,), Vocabulary.start_id, dtype=torch.long), state, a, keys, mask)
     state, logits, alpha = repeat_rows((state, logits, att.alpha), k)  # row b k + j
-    if not getattr(decoder, "rows_share_images", False):  # else the decoder reads k rows per image of a, keys, mask
+    shared = getattr(decoder, "rows_share_images", False)  # the decoder reads k rows per image of a, keys, mask
+    if not shared:
         a, keys, mask = repeat_rows((a, keys, mask), k)  # (B k, L, D), ...
     scores = a.new_full((B, k), float("-inf"))
     scores[:, 0] = 0.0  # only the first copy may expand at step 0
     tokens = torch.zeros(max_len, B, k, dtype=torch.long, device=dev)  # word of live beam j after step t
     parents = torch.zeros_like(tokens)  # the beam (at step t - 1) it extends
     alphas = a.new_zeros(max_len, B, k, L)  # alpha_t of each row that ran step t, before reordering
+    # Per image still searching (`live`: which image it is); images that are done drop out once a quarter of
+    # them are (their results go to `out`), and the others search exactly as they would have with them.
     best_raw, best_norm = a.new_full((B,), float("-inf")), a.new_full((B,), float("-inf"))
     best_len = torch.zeros(B, dtype=torch.long, device=dev)  # words of the best candidate (its <end> excluded)
     best_beam = torch.zeros(B, dtype=torch.long, device=dev)  # the beam holding its last word
+    out = [best_raw.clone(), best_len.clone(), best_beam.clone()]
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    first_row = (torch.arange(B, device=dev) * k).unsqueeze(1)  # (B, 1)
+    live = torch.arange(B, device=dev)
     special, steps = special_ids(dev), max_len
     words = tokens[0, :, 0]  # placeholder: step 0 ran above; every step sets the next words (B k,)
     for t in range(max_len):
+        b = live.shape[0]
         if t > 0:
             logits, state, att = decoder.step(words, state, a, keys, mask)
             alpha = att.alpha
-        alphas[t] = alpha.view(B, k, L)
-        cand = word_log_probs(logits, special).add_(scores.view(-1, 1)).view(B, k, -1)  # (B, k, V) raw log p
+        cand = word_log_probs(logits, special).add_(scores.view(-1, 1)).view(b, k, -1)  # (b, k, V) raw log p
         V = cand.shape[2]
-        end_score, end_beam = cand[:, :, end].max(dim=1)  # (B,) the best continuation by <end>
+        end_score, end_beam = cand[:, :, end].max(dim=1)  # (b,) the best continuation by <end>
         cand[:, :, end] = float("-inf")
-        scores, flat = cand.view(B, k * V).topk(k, dim=1)  # (B, k) the k best live ones, best first
-        parent, word = flat // V, flat % V  # (B, k)
-        tokens[t], parents[t] = word, parent
+        scores, flat = cand.view(b, k * V).topk(k, dim=1)  # (b, k) the k best live ones, best first
+        parent, word = flat // V, flat % V  # (b, k)
+        tokens[t, live], parents[t, live], alphas[t, live] = word, parent, alpha.view(b, k, L)
         end_norm = end_score / (t + 1) ** lp
         better = (end_score >= scores[:, -1]) & (end_norm > best_norm) & ~done  # among the k best, and better
         best_raw, best_norm = torch.where(better, end_score, best_raw), torch.where(better, end_norm, best_norm)
         best_len, best_beam = torch.where(better, t, best_len), torch.where(better, end_beam, best_beam)
-        rows = (first_row + parent).view(-1)  # (B*k,) the row each new beam continues
+        rows = (torch.arange(b, device=dev).unsqueeze(1) * k + parent).view(-1)  # (b k,) the row each beam continues
         state, words = map_state(functools.partial(torch.index_select, dim=0, index=rows), state), word.view(-1)
         if t + 1 < max_len:
             done |= best_norm >= scores[:, 0] / max_len ** lp
-            if done.all():  # the one host sync per step
+            every, compact = _compact_due(done)
+            if every:
                 steps = t + 1
                 break
+            if compact:
+                for o, v in zip(out, (best_raw, best_len, best_beam)):
+                    o[live] = v
+                keep = (~done).nonzero().squeeze(1)  # (b',) images still searching
+                beams = _live_rows(keep, k)  # (b' k,)
+                a, keys, mask = _select(keep if shared else beams, a, keys, mask)
+                state = map_state(functools.partial(torch.index_select, dim=0, index=beams), state)
+                words, scores, live, done = words[beams], scores[keep], live[keep], done[keep]
+                best_raw, best_norm, best_len, best_beam = _select(keep, best_raw, best_norm, best_len, best_beam)
     else:  # max_len reached: the best live hypothesis (length max_len, no <end>) is a candidate too
         better = (scores[:, 0] / max_len ** lp > best_norm) & ~done
         best_raw = torch.where(better, scores[:, 0], best_raw)
         best_len, best_beam = torch.where(better, max_len, best_len), torch.where(better, 0, best_beam)
+    for o, v in zip(out, (best_raw, best_len, best_beam)):
+        o[live] = v
+    best_raw, best_len, best_beam = out
     seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
     return _finish(seqs, maps, best_len, best_raw)

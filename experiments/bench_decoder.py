@@ -17,12 +17,20 @@ synthetic captions with `captioning.metrics.score_captions`.
 
 `--compile` adds rows for greedy and beam search through a compiled decoder step (`eval.compile`; the first,
 untimed call compiles, and its seconds are printed).
+
+`--lengths coco` trains on captions of real lengths instead of 32 x 20 steps: each caption's words are drawn from
+the caption lengths of the project's synthetic COCO-like text (`synthetic_text.karpathy_file`, 10,000 captions:
+mean 11.7 words, 5..23; COCO's own average is about 10.5) at most `--max-words` (20), plus <end>, and the batch
+is padded to its longest as the data loader pads it. The decoder is given the lengths where its `forward` takes
+them (an older checkout runs the padded batch), and the table adds real tokens per second and the share of the
+peak counting the FLOPs of real tokens only. `--lengths-seed` picks the batch.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import statistics
 import time
 from collections.abc import Callable
@@ -105,27 +113,54 @@ def sizes(D: int) -> DecoderSizes:
     return DecoderSizes(vocab_size=V, annotation_dim=D, regions=L, embed_dim=M, hidden_dim=M, attention_dim=M)
 
 
-def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, float]:
-    """One training step: forward (autocast for bf16), loss in float32, backward, Adam."""
+@functools.cache
+def corpus_lengths() -> list[int]:
+    """Words per caption of 10,000 captions of the synthetic COCO-like text (its Karpathy file's tokens)."""
+    from captioning.data.synthetic_text import karpathy_file
+
+    return [len(s["tokens"]) for im in karpathy_file({"train": 2000})["images"] for s in im["sentences"]]
+
+
+def target_lengths(kind: str, seed: int, max_words: int) -> list[int]:
+    """Real targets (words + <end>) of the benchmark's CAPTIONS captions: all STEPS, or drawn from the corpus."""
+    if kind == "full":
+        return [STEPS] * CAPTIONS
+    pool = corpus_lengths()
+    picks = torch.randint(len(pool), (CAPTIONS,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [min(pool[i], max_words) + 1 for i in picks]
+
+
+def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: int,
+                   lengths: list[int]) -> dict[str, float]:
+    """One training step: forward (autocast for bf16), loss in float32, backward, Adam, on captions with these
+    numbers of real targets padded to the longest."""
     dec = build(D, device).train()
     opt = torch.optim.Adam(dec.parameters(), lr=1e-4, fused=True)  # as conf/optim/adam.yaml
     gen = torch.Generator().manual_seed(1)
+    T = max(lengths)
     a = torch.randn(CAPTIONS, L, D, generator=gen).relu().to(device)  # (B, L, D)
-    captions = torch.randint(4, V, (CAPTIONS, STEPS + 1), generator=gen).to(device)  # (N, T + 1)
+    captions = torch.randint(4, V, (CAPTIONS, T + 1), generator=gen)  # (N, T + 1)
     captions[:, 0] = 1  # <start>
+    for r, n in enumerate(lengths):
+        captions[r, n], captions[r, n + 1:] = 2, 0  # <end>, then padding
+    captions = captions.to(device)
+    lengths_t = torch.tensor(lengths, device=device)
+    kwargs = {"lengths": lengths_t} if "lengths" in inspect.signature(dec.forward).parameters else {}
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
     def step() -> None:
         with autocast:
-            out = dec(a, captions)
+            out = dec(a, captions, **kwargs)
         loss = caption_loss(out.logits.float(), captions[:, 1:], out.alphas.float(), pad_id=0).total
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     best, median = timed(step, device, repeats)
-    flops = teacher_forcing_flops(sizes(D), CAPTIONS, CAPTIONS, STEPS, backward=True)
-    return {"ms": best * 1e3, "median_ms": median * 1e3, "per_s": CAPTIONS / best, "gflop_s": flops / best / 1e9}
+    flops = teacher_forcing_flops(sizes(D), CAPTIONS, CAPTIONS, T, backward=True)  # the padded batch
+    real = teacher_forcing_flops(sizes(D), CAPTIONS, 1, sum(lengths), backward=True)  # its real tokens only
+    return {"ms": best * 1e3, "median_ms": median * 1e3, "per_s": CAPTIONS / best, "gflop_s": flops / best / 1e9,
+            "tokens_s": sum(lengths) / best, "real_gflop_s": real / best / 1e9}
 
 
 class RowCounter:
@@ -208,6 +243,10 @@ def main() -> None:
     p.add_argument("--skip-decoding", action="store_true")
     p.add_argument("--evaluate", type=int, default=0, help="also time decoding + scoring this many images")
     p.add_argument("--compile", action="store_true", help="also decode through a torch.compile'd step")
+    p.add_argument("--lengths", choices=("full", "coco"), default="full",
+                   help="training captions: all 20 steps, or COCO-like lengths padded per batch")
+    p.add_argument("--lengths-seed", type=int, default=0)
+    p.add_argument("--max-words", type=int, default=20, help="--lengths coco: longest caption in words")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -215,6 +254,10 @@ def main() -> None:
     beams = tuple(int(k) for k in args.beams.split(","))
     print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, dtypes "
           f"{[str(d).split('.')[-1] for d in dtypes]}, best of {args.repeats}")
+    lengths = target_lengths(args.lengths, args.lengths_seed, args.max_words)
+    print(f"training captions: {CAPTIONS} of {sum(lengths) / len(lengths):.1f} targets on average (words + <end>), "
+          f"padded to {max(lengths)}: real tokens {sum(lengths) / (len(lengths) * max(lengths)):.2f} of the positions"
+          f" ({args.lengths})")
     e = elementwise(device, args.repeats)
     print(f"element-wise: tanh of 2^19 floats {e['tanh_us']:.0f} us, as 2 sigmoid(2x) - 1 "
           f"{e['sigmoid_tanh_us'] - e['copy_us']:.0f} us (+ {e['copy_us']:.0f} us copy); Adam step at the ResNet "
@@ -223,18 +266,21 @@ def main() -> None:
         name = str(dtype).split(".")[-1]
         peak = matmul_peak(device, dtype, args.repeats)
         print(f"\n== {name}: matmul peak (4096^3 GEMM) {peak:.1f} GFLOP/s")
-        print("| sizes | part | ms (best) | ms (median) | captions or images / s | GFLOP/s | share of peak |")
-        print("|---|---|---|---|---|---|---|")
+        print("| sizes | part | ms (best) | ms (median) | captions or images / s | GFLOP/s | share of peak "
+              "| real tokens / s | share of peak, real tokens |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for size in args.sizes.split(","):
             D = SIZES[size]
-            rows = {"train step": bench_training(D, device, dtype, args.repeats)}
+            rows = {"train step": bench_training(D, device, dtype, args.repeats, lengths)}
             if not args.skip_decoding:
                 rows.update(bench_decoding(D, device, dtype, args.images, args.repeats, beams))
                 if args.compile:
                     rows.update(bench_decoding(D, device, dtype, args.images, args.repeats, beams, True))
             for part, r in rows.items():
+                real = (f"{r['tokens_s']:.0f} | {100 * r['real_gflop_s'] / peak:.0f}%" if "tokens_s" in r
+                        else "| ")
                 print(f"| {size} (D = {D}) | {part} | {r['ms']:.0f} | {r['median_ms']:.0f} | {r['per_s']:.1f} "
-                      f"| {r['gflop_s']:.1f} | {100 * r['gflop_s'] / peak:.0f}% |", flush=True)
+                      f"| {r['gflop_s']:.1f} | {100 * r['gflop_s'] / peak:.0f}% | {real} |", flush=True)
     if args.evaluate:
         for size in args.sizes.split(","):
             r = bench_evaluation(SIZES[size], device, args.evaluate)

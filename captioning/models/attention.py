@@ -12,6 +12,8 @@ a, keys or mask k times. With k = 1 (one row per image) this is the plain per-ro
 from __future__ import annotations
 
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -74,12 +76,32 @@ def attend(a: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None) -> 
 
 
 _CHUNK_ELEMENTS = 1 << 19  # (rows, L, A) chunks of 2 MiB in float32: the hidden layer stays in a core's L2 cache
+DevicePath = Literal["cpu", "generic"]
+_FORCED_PATH: DevicePath | None = None  # set by `device_path`
+
+
+@contextmanager
+def device_path(path: DevicePath) -> Iterator[None]:
+    """Run the code written per kind of device as on a CPU ("cpu") or as on a GPU ("generic"), whatever device the
+    tensors are on. CI has no GPU: with this the tests run the path a GPU user runs, on the CPU, and compare it with
+    the CPU's (tests/models/test_device_paths.py)."""
+    global _FORCED_PATH
+    before, _FORCED_PATH = _FORCED_PATH, path
+    try:
+        yield
+    finally:
+        _FORCED_PATH = before
+
+
+def cpu_path(x: torch.Tensor) -> bool:
+    """Whether x's device takes the CPU-tuned code (cache-sized chunks, tanh as a sigmoid) or the generic one."""
+    return x.device.type == "cpu" if _FORCED_PATH is None else _FORCED_PATH == "cpu"
 
 
 def _chunk(keys: torch.Tensor, k: int) -> int:
     """Images per chunk of the (B, k, L, A) hidden layer: a cache-sized piece on a CPU, everything on a GPU."""
     B, L, A = keys.shape
-    return B if keys.device.type != "cpu" else max(1, _CHUNK_ELEMENTS // (k * L * A))
+    return max(1, _CHUNK_ELEMENTS // (k * L * A)) if cpu_path(keys) else B
 
 
 def tanh_(x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +109,7 @@ def tanh_(x: torch.Tensor) -> torch.Tensor:
     a CPU 4-5x faster than torch's own tanh, whose vectorised kernel is far slower than its sigmoid (both measured
     in experiments/README.md, "Decoder benchmark"). On a GPU, where tanh is as cheap as any element-wise op,
     torch's tanh is kept."""
-    if x.device.type != "cpu":
+    if not cpu_path(x):
         return x.tanh_()
     return x.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
 

@@ -120,7 +120,7 @@ def _trainer(cfg, attention, out: DecoderOutput, baseline: float | None) -> Trai
     trainer = object.__new__(Trainer)
     trainer.tc, trainer.device, trainer.amp_dtype = cfg.trainer, torch.device("cpu"), None
     trainer.model = SimpleNamespace(decoder=SimpleNamespace(attention=attention))
-    trainer.forward_model = lambda images, captions, image_index: out
+    trainer.forward_model = lambda images, captions, image_index, lengths=None: out
     trainer.baseline = MovingAverageBaseline(cfg.trainer.reinforce.baseline_decay)
     trainer.baseline.value = baseline
     trainer.loss_settings = LossSettings.of(cfg.trainer)

@@ -340,6 +340,45 @@ def test_beam_search_on_shared_rows_equals_copied_rows(kind, name):
     assert greedy.tokens == beam_search(dec, a, 1, 8, mask=mask, grid=GRID).tokens
 
 
+class _EndsAtItsOwnStep:
+    """A decoder whose <end> grows likelier step by step at a rate read from the image, so that captions end at
+    different steps; it records how many rows each step ran."""
+
+    def __init__(self, dec):
+        self.dec, self.attention, self.rows_share_images, self.rows = dec, dec.attention, True, []
+
+    def init_state(self, a, mask=None):
+        rate = 0.3 + a[:, 0, :3].sum(-1).remainder(1.0) * 1.5  # (B,) per image
+        return self.dec.init_state(a, mask), rate, torch.zeros_like(rate)
+
+    def step(self, words, state, a, keys, mask=None):
+        self.rows.append(words.shape[0])
+        inner, rate, t = state
+        logits, inner, att = self.dec.step(words, inner, a, keys, mask)
+        logits = logits.clone()
+        logits[:, 2] += rate * t - 3.0  # <end>
+        return logits, (inner, rate, t + 1), att
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("name", ["soft", "location", "multihead"])
+def test_decoding_drops_finished_images_and_decodes_the_rest_as_if_alone(kind, name):
+    a, mask, _ = _data(B=6, dtype=torch.float32)
+    mask = mask.repeat(2, 1)[:6]
+    for k in (1, 3):
+        dec = _EndsAtItsOwnStep(_decoder(kind, name).eval())
+        together = greedy_decode(dec, a, 15, mask=mask, grid=GRID) if k == 1 else beam_search(
+            dec, a, k, 15, mask=mask, grid=GRID)
+        lengths = {len(t) for t in together.tokens}
+        assert len(lengths) > 2 and min(dec.rows) < max(dec.rows) // 2, (lengths, dec.rows)  # fewer rows ran
+        for i in range(6):
+            args = (a[i:i + 1], 15) if k == 1 else (a[i:i + 1], k, 15)
+            alone = (greedy_decode if k == 1 else beam_search)(dec, *args, mask=mask[i:i + 1], grid=GRID)
+            assert alone.tokens[0] == together.tokens[i]
+            torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(alone.alphas[0], together.alphas[i], atol=1e-6, rtol=1e-5)
+
+
 def _linear_scores(att: SoftAttention):
     """The soft score written out with nn.Linear (what the FLOP count describes), keys copied per row."""
     def scores(keys, h):
@@ -384,3 +423,54 @@ def test_flop_count_matches_flop_counter_mode(init_layers):
         beam_search(dec, a, 3, max_len=5)
     att.scores, dec.step = scores, step
     assert dec_flops.get_total_flops() == decoding_flops(sizes, 4, sum(rows))
+
+
+# --- the code a GPU runs, run on the CPU: every branch on the device's type ----------------------------------------
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_generic_device_path_computes_what_the_cpu_path_computes(kind, name, monkeypatch):
+    """`device_path("generic")` runs what a GPU runs (one chunk for the additive score, torch's tanh) on the CPU;
+    its teacher forcing (logits, loss, every gradient, real words only) and its beam search equal the CPU path's,
+    where the chunks are made small enough that the CPU path takes several."""
+    monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * 2 * 20 * 8)  # two images x k = 2 rows per chunk
+    a, mask, captions = _data(B=5, dtype=torch.float32)
+    captions, lengths = _ragged(captions, [3, 6, 1, 2, 5, 4, 6, 2, 3, 3])
+    index = torch.arange(5).repeat_interleave(2)
+    if name == "hard":
+        mask = None
+    results = {}
+    for path in ("cpu", "generic"):
+        dec = _decoder(kind, name).train()
+        if name == "hard":
+            dec.attention.sample_this_batch = False
+        with attention_module.device_path(path):
+            assert attention_module.cpu_path(a) == (path == "cpu")
+            out, grads = _run(dec, functools.partial(type(dec).forward, lengths=lengths), a, captions, index, mask)
+            beams = beam_search(dec.eval(), a, 3, 8, mask=mask, grid=GRID)
+        results[path] = out, grads, beams
+    (out_c, grads_c, beams_c), (out_g, grads_g, beams_g) = results["cpu"], results["generic"]
+    torch.testing.assert_close(out_g.logits, out_c.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_g.alphas, out_c.alphas, atol=1e-6, rtol=1e-5)
+    assert grads_g.keys() == grads_c.keys()
+    for n in grads_c:
+        torch.testing.assert_close(grads_g[n], grads_c[n], atol=1e-5, rtol=1e-4, msg=n)
+    assert beams_g.tokens == beams_c.tokens
+    torch.testing.assert_close(beams_g.scores, beams_c.scores, atol=1e-5, rtol=1e-5)
+
+
+def test_device_path_is_restored_and_follows_the_device_by_default():
+    x = torch.zeros(2)
+    assert attention_module.cpu_path(x)
+    with attention_module.device_path("generic"):
+        assert not attention_module.cpu_path(x)
+        with attention_module.device_path("cpu"):
+            assert attention_module.cpu_path(x)
+        assert not attention_module.cpu_path(x)
+    assert attention_module.cpu_path(x)
+    y = torch.full((1 << 10,), 0.7)
+    with attention_module.device_path("generic"):
+        generic = attention_module.tanh_(y.clone())
+    torch.testing.assert_close(attention_module.tanh_(y.clone()), generic, atol=2e-7, rtol=0)
+    assert torch.equal(generic, torch.tanh(y))
