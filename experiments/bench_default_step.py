@@ -15,6 +15,7 @@ the same session, alternating, on a quiet machine:
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--ragged", action="store_true",
+                   help="captions of 4..12 words (+ <end>) padded to the longest, with their lengths where forward "
+                        "takes them, instead of 64 captions of 12 words")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     root = Path(captioning.__file__).resolve().parents[1]
@@ -59,9 +63,16 @@ def main() -> None:
     captions = torch.randint(4, 40, (64, 14), generator=g)  # (N, T + 1): <start> 12 words <end>
     captions[:, 0], captions[:, -1] = 1, 2
     image_index = torch.arange(32).repeat_interleave(2)
+    kwargs: dict[str, Any] = {}
+    if args.ragged:
+        lengths = torch.randint(5, 14, (64,), generator=g)  # targets: 4..12 words + <end>
+        for r, n in enumerate(lengths.tolist()):
+            captions[r, n], captions[r, n + 1:] = 2, 0
+        if "lengths" in inspect.signature(model.forward).parameters:
+            kwargs["lengths"] = lengths
 
     def step() -> None:
-        out = model(images, captions, image_index)
+        out = model(images, captions, image_index, **kwargs)
         loss = caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -79,7 +90,7 @@ def main() -> None:
         return generate(model, grids, beam_size=k, max_len=20)
 
     greedy, beam3 = (best_ms(lambda k=k: decode(k), max(5, args.repeats // 4), 1) for k in (1, 3))
-    print(f"{root}: train step {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
+    print(f"{root}: train step{' (ragged)' if args.ragged else ''} {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
           f"{args.threads} thread(s))")
 
 

@@ -6,10 +6,11 @@ caption's length (its real target tokens, <end> included), `StepPlan` orders the
 
 - the images with a caption still running are the first b_t (a prefix: attention runs on a[:b_t], keys[:b_t]
   and their b_t k rows, k captions per image as everywhere in the decoders);
-- the captions still running are `rows[t]` among those b_t k rows (None: all of them): the LSTM, the gate and
-  everything after attention run for them only, and the other rows' states are left untouched;
-- the tokens computed over all steps (step-major, `packed_flat`) are exactly the real tokens, so the deep output,
-  the vocabulary projection and the loss see real tokens only, gathered (`row_major`), never masked.
+- `rows[t]` says which of those b_t k rows the LSTM, the gate and everything after attention run for: the
+  captions still running (the other rows' states are left untouched), or None: all b_t k rows, when most of them
+  still run (`GATHER_BELOW`; a caption that has ended then computes a step nobody reads);
+- the deep output, the vocabulary projection and the loss see the real tokens only, gathered from the computed
+  ones (`row_major`), never masked.
 
 Without lengths, or when every caption fills the batch, the plan is dense: nothing is reordered or gathered and
 the decoders compute what they computed before (logits (N, T, V)). With lengths the logits are (R, V), one row
@@ -22,6 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+# Gather the captions still running when they are fewer than this share of the running images' rows; else run
+# every row of those images (the rows of captions that have ended compute something nobody reads). A gather and
+# scatter per step cost more than a few rows save on small models (measured in experiments/README.md, "Real
+# caption lengths"); with one caption per image (k = 1) every running row is a running caption anyway.
+GATHER_BELOW = 0.75
 
 
 def prefix_lengths(targets: torch.Tensor, pad_id: int) -> torch.Tensor | None:
@@ -42,11 +49,12 @@ class StepPlan:
     k: int
     steps: int  # steps the loop runs: the longest caption's length
     images: list[int]  # b_t: images with a caption still running at step t
-    rows: list[torch.Tensor | None]  # (n_t,) sorted rows still running among the first b_t k; None: all of them
-    counts: list[int]  # n_t: captions running at step t
+    rows: list[torch.Tensor | None]  # (n_t,) sorted rows computed among the first b_t k; None: all of them
+    counts: list[int]  # n_t: rows computed at step t
     image_order: torch.Tensor | None = None  # (B,) image of each sorted image; None: as given
-    packed_flat: torch.Tensor | None = None  # (R,) r T + t of each real token, step-major; None: dense
-    row_major: torch.Tensor | None = None  # (R,) position in the step-major packing of each token in (r, t) order
+    packed_flat: torch.Tensor | None = None  # (P,) r T + t of each computed token, step-major; None: dense
+    row_major: torch.Tensor | None = None  # (R,) position in the packing of each real token, in (r, t) order
+    real_flat: torch.Tensor | None = None  # (R,) r T + t of each real token, in (r, t) order
 
     @property
     def dense(self) -> bool:
@@ -83,17 +91,26 @@ class StepPlan:
         steps = int(longest.max())
         images = [int((longest > t).sum()) for t in range(steps)]
         rows: list[torch.Tensor | None] = []
-        counts, flats = [], []
+        counts, flats, real = [], [], []
         for t, b in enumerate(images):
-            running = (sorted_lens[: b * k] > t).nonzero().squeeze(1)  # (n_t,) sorted rows
-            rows.append(None if running.numel() == b * k else running.to(device))
-            counts.append(running.numel())
-            flats.append(row_order[running] * T + t)  # (n_t,) token r T + t of each
-        packed_flat = torch.cat(flats)  # (R,) step-major
-        row_major = torch.sort(packed_flat).indices  # (R,): r T + t grows caption by caption, step by step
+            running = sorted_lens[: b * k] > t  # (b k,) sorted rows of the running images: caption still running
+            n = int(running.sum())
+            if n < GATHER_BELOW * b * k:  # the running captions only
+                computed = running.nonzero().squeeze(1)  # (n_t,)
+                rows.append(computed.to(device))
+                real.append(torch.ones(n, dtype=torch.bool))
+            else:  # every row of the running images (a gather would cost more than the rows it saves)
+                computed = torch.arange(b * k)
+                rows.append(None)
+                real.append(running)
+            counts.append(computed.numel())
+            flats.append(row_order[computed] * T + t)  # (n_t,) token r T + t of each computed row
+        packed_flat, is_real = torch.cat(flats), torch.cat(real)  # (P,) step-major
+        real_pos = is_real.nonzero().squeeze(1)  # (R,) positions of the real tokens in the packing
+        real_pos = real_pos[torch.sort(packed_flat[real_pos]).indices]  # caption by caption, step by step
         identity = torch.equal(image_order, torch.arange(B))
         return cls(N, T, k, steps, images, rows, counts, None if identity else image_order.to(device),
-                   packed_flat.to(device), row_major.to(device))
+                   packed_flat.to(device), real_pos.to(device), packed_flat[real_pos].to(device))
 
     def order_images(self, a: torch.Tensor, keys: torch.Tensor,
                      mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -111,8 +128,8 @@ class StepPlan:
             emb = embedding(words)  # (N, T, m)
             return emb.transpose(0, 1).reshape(-1, emb.shape[-1]), emb  # (T N, m), (N, T, m)
         assert self.packed_flat is not None and self.row_major is not None
-        emb = embedding(words.reshape(-1).index_select(0, self.packed_flat))  # (R, m) step-major
-        return emb, emb.index_select(0, self.row_major)
+        emb = embedding(words.reshape(-1).index_select(0, self.packed_flat))  # (P, m) step-major
+        return emb, emb.index_select(0, self.row_major)  # (R, m)
 
     def tokens(self, per_step: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-step outputs of the running captions [(n_t, ...)] as per-token rows: (N, T, ...) dense, (R, ...)
@@ -126,7 +143,7 @@ class StepPlan:
         """Per-step outputs [(n_t, ...)] as (N, T, ...) in the captions' own order, zero where a caption has ended."""
         if self.dense:
             return torch.stack(list(per_step), 1)  # (N, T, ...)
-        assert self.packed_flat is not None
-        packed = torch.cat(list(per_step))  # (R, ...)
+        assert self.row_major is not None and self.real_flat is not None
+        packed = torch.cat(list(per_step)).index_select(0, self.row_major)  # (R, ...)
         out = packed.new_zeros((self.N * self.T, *packed.shape[1:]))  # (N T, ...)
-        return out.index_copy(0, self.packed_flat, packed).view(self.N, self.T, *packed.shape[1:])
+        return out.index_copy(0, self.real_flat, packed).view(self.N, self.T, *packed.shape[1:])

@@ -20,6 +20,7 @@ from captioning.models.attention_family import grid_positions
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 from captioning.models.luong_decoder import LuongDecoder
+from captioning.models import packing
 from captioning.models.packing import StepPlan, prefix_lengths
 from captioning.runtime import CONF_DIR
 
@@ -143,10 +144,12 @@ RAGGED = {"none": [6, 2, 5], "k=2": [3, 6, 1, 2, 5, 4], "irregular": [4, 6, 2, 2
 @pytest.mark.parametrize("kind", DECODERS)
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("index", list(RAGGED))
-def test_teacher_forcing_over_real_words_only_matches_the_padded_loop(kind, name, index):
+@pytest.mark.parametrize("gather_below", [0.0, 0.75, 2.0])  # never, the default, always gather running captions
+def test_teacher_forcing_over_real_words_only_matches_the_padded_loop(kind, name, index, gather_below, monkeypatch):
     """Given the lengths, each step runs the captions still running only: the logits of the real tokens, the
     alphas and gates of real steps, the loss and every gradient are the padded loop's (whose padded steps the
     loss masks)."""
+    monkeypatch.setattr(packing, "GATHER_BELOW", gather_below)
     dec = _decoder(kind, name, dropout=0.0).double().train()
     a, mask, captions = _data(k=1 if index == "none" else 2)
     captions, lengths = _ragged(captions, RAGGED[index])
@@ -193,15 +196,19 @@ def test_lengths_that_fill_the_batch_give_the_dense_result():
     assert torch.equal(packed.alphas, dense.alphas)
 
 
-def test_step_plan_runs_each_caption_for_its_own_steps():
+@pytest.mark.parametrize(("gather_below", "counts"), [(2.0, [6, 5, 4, 3, 1]), (0.75, [6, 6, 4, 4, 1]),
+                                                     (0.0, [6, 6, 6, 4, 2])])
+def test_step_plan_runs_each_caption_for_its_own_steps(gather_below, counts, monkeypatch):
+    """Rows computed per step: the running captions (always gathered), all rows of the running images (never), or
+    the default's mix; every real token is computed once and gathered caption by caption."""
+    monkeypatch.setattr(packing, "GATHER_BELOW", gather_below)
     lengths = torch.tensor([2, 5, 1, 3, 4, 4])  # image 0: 2, 5; image 1: 1, 3; image 2: 4, 4
     plan = StepPlan.of(lengths, 3, 2, 7)
-    assert plan.steps == 5 and plan.counts == [6, 5, 4, 3, 1] and plan.images == [3, 3, 3, 2, 1]
+    assert plan.steps == 5 and plan.counts == counts and plan.images == [3, 3, 3, 2, 1]
     assert plan.image_order is not None and plan.image_order.tolist() == [0, 2, 1]  # longest caption first
-    assert plan.packed_flat is not None and plan.row_major is not None
-    tokens = sorted(plan.packed_flat.tolist())
-    assert tokens == [r * 7 + t for r, n in enumerate(lengths.tolist()) for t in range(n)]  # every real token once
-    assert plan.packed_flat[plan.row_major].tolist() == tokens  # row-major order: caption by caption
+    assert plan.packed_flat is not None and plan.row_major is not None and plan.real_flat is not None
+    tokens = [r * 7 + t for r, n in enumerate(lengths.tolist()) for t in range(n)]  # every real token, in order
+    assert plan.packed_flat[plan.row_major].tolist() == plan.real_flat.tolist() == tokens
     with pytest.raises(ValueError, match="one per caption"):
         StepPlan.of(lengths[:5], 3, 2, 7)
     with pytest.raises(ValueError, match=r"lie in \[0, 4\]"):
