@@ -90,7 +90,8 @@ def main() -> None:
         return generate(model, grids, beam_size=k, max_len=20)
 
     greedy, beam3 = (best_ms(lambda k=k: decode(k), max(5, args.repeats // 4), 1) for k in (1, 3))
-    print(f"{root}: train step{' (ragged)' if args.ragged else ''} {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
+    kind = " (ragged)" if args.ragged else ""
+    print(f"{root}: train step{kind} {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
           f"{args.threads} thread(s))")
 
 
