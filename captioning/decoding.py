@@ -90,6 +90,14 @@ def _select(index: torch.Tensor, *tensors: torch.Tensor | None) -> list[Any]:
     return [None if x is None else x.index_select(0, index) for x in tensors]
 
 
+def _put(out: torch.Tensor, live: torch.Tensor | None, value: torch.Tensor) -> None:
+    """Write value into the rows `live` of out (None: all rows, in order)."""
+    if live is None:
+        out.copy_(value)
+    else:
+        out.index_copy_(0, live, value)
+
+
 @torch.no_grad()
 def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
                   mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
@@ -104,30 +112,35 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     state = decoder.init_state(a, mask)
     words = a.new_full((B,), Vocabulary.start_id, dtype=torch.long)
     finished = torch.zeros(B, dtype=torch.bool, device=a.device)
-    live = torch.arange(B, device=a.device)  # the image of each running row
-    scores, live_scores = a.new_zeros(B), a.new_zeros(B)
+    live: torch.Tensor | None = None  # the image of each running row (None: all, in order)
+    scores = a.new_zeros(B)
     seqs = a.new_full((B, max_len), pad, dtype=torch.long)  # word t of each caption, written in place
     maps = a.new_zeros(B, max_len, L)  # alpha_t of each word
     lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
+    run_scores, run_lengths = scores.clone(), lengths.clone()  # of the running rows
     special = special_ids(a.device)
     for t in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
         logp = word_log_probs(logits, special)  # (b, V)
         words = logp.argmax(dim=-1).masked_fill(finished, pad)  # (b,); finished captions are fed <pad>
-        live_scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
-        seqs[live, t], maps[live, t] = words, att.alpha
-        lengths[live] = torch.where(words == end, t, lengths[live])
+        run_scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
+        _put(seqs[:, t], live, words)
+        _put(maps[:, t], live, att.alpha)
+        run_lengths = torch.where(words == end, t, run_lengths)
         finished |= words == end
         every, compact = _compact_due(finished)
         if every:
             break
         if compact:  # drop the finished captions from the batch
-            scores[live] = live_scores
+            _put(scores, live, run_scores)
+            _put(lengths, live, run_lengths)
             keep = (~finished).nonzero().squeeze(1)  # (b',)
-            a, keys, mask, words, finished, live, live_scores = _select(keep, a, keys, mask, words, finished, live,
-                                                                        live_scores)
+            live = keep if live is None else live[keep]
+            a, keys, mask, words, finished, run_scores, run_lengths = _select(keep, a, keys, mask, words, finished,
+                                                                              run_scores, run_lengths)
             state = map_state(functools.partial(torch.index_select, dim=0, index=keep), state)
-    scores[live] = live_scores
+    _put(scores, live, run_scores)
+    _put(lengths, live, run_lengths)
     return _finish(seqs, maps, lengths, scores)
 
 
@@ -195,11 +208,11 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     best_beam = torch.zeros(B, dtype=torch.long, device=dev)  # the beam holding its last word
     out = [best_raw.clone(), best_len.clone(), best_beam.clone()]
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    live = torch.arange(B, device=dev)
+    live: torch.Tensor | None = None  # the image of each searching row (None: all, in order)
     special, steps = special_ids(dev), max_len
     words = tokens[0, :, 0]  # placeholder: step 0 ran above; every step sets the next words (B k,)
     for t in range(max_len):
-        b = live.shape[0]
+        b = scores.shape[0]
         if t > 0:
             logits, state, att = decoder.step(words, state, a, keys, mask)
             alpha = att.alpha
@@ -209,7 +222,9 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         cand[:, :, end] = float("-inf")
         scores, flat = cand.view(b, k * V).topk(k, dim=1)  # (b, k) the k best live ones, best first
         parent, word = flat // V, flat % V  # (b, k)
-        tokens[t, live], parents[t, live], alphas[t, live] = word, parent, alpha.view(b, k, L)
+        _put(tokens[t], live, word)
+        _put(parents[t], live, parent)
+        _put(alphas[t], live, alpha.view(b, k, L))
         end_norm = end_score / (t + 1) ** lp
         better = (end_score >= scores[:, -1]) & (end_norm > best_norm) & ~done  # among the k best, and better
         best_raw, best_norm = torch.where(better, end_score, best_raw), torch.where(better, end_norm, best_norm)
@@ -224,19 +239,20 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
                 break
             if compact:
                 for o, v in zip(out, (best_raw, best_len, best_beam)):
-                    o[live] = v
+                    _put(o, live, v)
                 keep = (~done).nonzero().squeeze(1)  # (b',) images still searching
                 beams = _live_rows(keep, k)  # (b' k,)
                 a, keys, mask = _select(keep if shared else beams, a, keys, mask)
                 state = map_state(functools.partial(torch.index_select, dim=0, index=beams), state)
-                words, scores, live, done = words[beams], scores[keep], live[keep], done[keep]
+                words, scores, done = words[beams], scores[keep], done[keep]
+                live = keep if live is None else live[keep]
                 best_raw, best_norm, best_len, best_beam = _select(keep, best_raw, best_norm, best_len, best_beam)
     else:  # max_len reached: the best live hypothesis (length max_len, no <end>) is a candidate too
         better = (scores[:, 0] / max_len ** lp > best_norm) & ~done
         best_raw = torch.where(better, scores[:, 0], best_raw)
         best_len, best_beam = torch.where(better, max_len, best_len), torch.where(better, 0, best_beam)
     for o, v in zip(out, (best_raw, best_len, best_beam)):
-        o[live] = v
+        _put(o, live, v)
     best_raw, best_len, best_beam = out
     seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
     return _finish(seqs, maps, best_len, best_raw)

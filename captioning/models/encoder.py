@@ -71,7 +71,10 @@ class SmallCNN(Encoder):
             ys = torch.linspace(-1, 1, H, device=images.device, dtype=images.dtype).view(1, 1, H, 1).expand(B, 1, H, W)
             xs = torch.linspace(-1, 1, W, device=images.device, dtype=images.dtype).view(1, 1, 1, W).expand(B, 1, H, W)
             images = torch.cat([images, xs, ys], dim=1)  # (B, 5, H, W)
-        return self.features(images)  # (B, D, H/2^pools, W/2^pools)
+        # Channels last: the convolutions, batch norms and pools of this CNN run 1.4-1.5x faster on a CPU so
+        # (forward + backward, 32 images of 64 px, 2 threads; experiments/README.md, "Real caption lengths"), and
+        # the (B, D, h, w) output flattens to a (B, L, D) grid without a copy.
+        return self.features(images.contiguous(memory_format=torch.channels_last))  # (B, D, H/2^pools, W/2^pools)
 
     def transform(self) -> Callable:
         resize = [] if self.image_size is None else [T.Resize((self.image_size, self.image_size))]
