@@ -50,9 +50,9 @@ def sequence_nll(logits: torch.Tensor, targets: torch.Tensor, pad_id: int) -> to
     """
     if logits.dim() == 2:
         real = targets != pad_id  # (N, T)
-        if logits.shape[0] != int(real.sum()):
+        if logits.shape[0] != (count := int(real.sum())):
             raise ValueError(f"logits of real tokens only must have one row per target that is not padding "
-                             f"({int(real.sum())}), got {logits.shape[0]}")
+                             f"({count}), got {logits.shape[0]}")
         nll = F.cross_entropy(logits, targets[real], reduction="none")  # (R,)
         return nll.new_zeros(targets.shape).masked_scatter(real, nll)  # (N, T)
     nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=pad_id)  # (N, T)

@@ -84,7 +84,7 @@ _FORCED_PATH: DevicePath | None = None  # set by `device_path`
 def device_path(path: DevicePath) -> Iterator[None]:
     """Run the code written per kind of device as on a CPU ("cpu") or as on a GPU ("generic"), whatever device the
     tensors are on. CI has no GPU: with this the tests run the path a GPU user runs, on the CPU, and compare it with
-    the CPU's (tests/models/test_device_paths.py)."""
+    the CPU's (tests/models/test_fast_path.py)."""
     global _FORCED_PATH
     before, _FORCED_PATH = _FORCED_PATH, path
     try:

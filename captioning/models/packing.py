@@ -123,7 +123,7 @@ class StepPlan:
     def embed(self, embedding: Callable[[torch.Tensor], torch.Tensor],
               words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The embedded input words (N, T): step-major for the LSTM (sum_t n_t, m) and per token for the deep output
-        ((N, T, m) dense, (R, m) packed). Only real tokens are embedded."""
+        ((N, T, m) dense, (R, m) packed). Packed, only the computed rows' words are embedded."""
         if self.dense:
             emb = embedding(words)  # (N, T, m)
             return emb.transpose(0, 1).reshape(-1, emb.shape[-1]), emb  # (T N, m), (N, T, m)
