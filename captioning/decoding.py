@@ -73,19 +73,19 @@ def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, score
     return Decoded([row[:m] for row, m in zip(seqs.tolist(), n)], [maps[i, :m] for i, m in enumerate(n)], scores)
 
 
-def _compact_due(done: torch.Tensor) -> tuple[bool, bool]:
+def compact_due(done: torch.Tensor) -> tuple[bool, bool]:
     """(all done, worth compacting): the one host sync per step; compact once a quarter of the rows are done, so
     that each copy of a, keys and the state is paid back by the steps after it."""
     n = int(done.sum())
     return n == done.shape[0], n > 0 and 4 * n >= done.shape[0]
 
 
-def _live_rows(keep: torch.Tensor, k: int) -> torch.Tensor:
+def live_rows(keep: torch.Tensor, k: int) -> torch.Tensor:
     """The k consecutive rows b k .. b k + k - 1 of each kept image b (n,) -> (n k,)."""
     return (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
 
 
-def _select(index: torch.Tensor, *tensors: torch.Tensor | None) -> list[Any]:
+def select_rows(index: torch.Tensor, *tensors: torch.Tensor | None) -> list[Any]:
     """These rows of each tensor (None stays None)."""
     return [None if x is None else x.index_select(0, index) for x in tensors]
 
@@ -128,7 +128,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
         _put(maps[:, t], live, att.alpha)
         run_lengths = torch.where(words == end, t, run_lengths)
         finished |= words == end
-        every, compact = _compact_due(finished)
+        every, compact = compact_due(finished)
         if every:
             break
         if compact:  # drop the finished captions from the batch
@@ -136,7 +136,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
             _put(lengths, live, run_lengths)
             keep = (~finished).nonzero().squeeze(1)  # (b',)
             live = keep if live is None else live[keep]
-            a, keys, mask, words, finished, run_scores, run_lengths = _select(keep, a, keys, mask, words, finished,
+            a, keys, mask, words, finished, run_scores, run_lengths = select_rows(keep, a, keys, mask, words, finished,
                                                                               run_scores, run_lengths)
             state = map_state(functools.partial(torch.index_select, dim=0, index=keep), state)
     _put(scores, live, run_scores)
@@ -233,7 +233,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         state, words = map_state(functools.partial(torch.index_select, dim=0, index=rows), state), word.view(-1)
         if t + 1 < max_len:
             done |= best_norm >= scores[:, 0] / max_len ** lp
-            every, compact = _compact_due(done)
+            every, compact = compact_due(done)
             if every:
                 steps = t + 1
                 break
@@ -241,12 +241,12 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
                 for o, v in zip(out, (best_raw, best_len, best_beam)):
                     _put(o, live, v)
                 keep = (~done).nonzero().squeeze(1)  # (b',) images still searching
-                beams = _live_rows(keep, k)  # (b' k,)
-                a, keys, mask = _select(keep if shared else beams, a, keys, mask)
+                beams = live_rows(keep, k)  # (b' k,)
+                a, keys, mask = select_rows(keep if shared else beams, a, keys, mask)
                 state = map_state(functools.partial(torch.index_select, dim=0, index=beams), state)
                 words, scores, done = words[beams], scores[keep], done[keep]
                 live = keep if live is None else live[keep]
-                best_raw, best_norm, best_len, best_beam = _select(keep, best_raw, best_norm, best_len, best_beam)
+                best_raw, best_norm, best_len, best_beam = select_rows(keep, best_raw, best_norm, best_len, best_beam)
     else:  # max_len reached: the best live hypothesis (length max_len, no <end>) is a candidate too
         better = (scores[:, 0] / max_len ** lp > best_norm) & ~done
         best_raw = torch.where(better, scores[:, 0], best_raw)

@@ -22,6 +22,7 @@ from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcin
 from captioning.models.luong_decoder import LuongDecoder
 from captioning.models.packing import StepPlan, prefix_lengths
 from captioning.runtime import CONF_DIR
+from captioning.training.scst.sampling import sample_captions
 
 CONF = CONF_DIR / "attention"
 NAMES = sorted(p.stem for p in CONF.glob("*.yaml"))  # soft, hard, dot, general, concat, local, location, multihead
@@ -383,6 +384,49 @@ def test_decoding_drops_finished_images_and_decodes_the_rest_as_if_alone(kind, n
             assert alone.tokens[0] == together.tokens[i]
             torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(alone.alphas[0], together.alphas[i], atol=1e-6, rtol=1e-5)
+
+
+def _median_draw(probs: torch.Tensor, n: int) -> torch.Tensor:
+    """torch.multinomial made deterministic per row: the category where the row's CDF passes 0.6."""
+    cdf = probs.cumsum(1) / probs.sum(1, keepdim=True)
+    return (cdf < 0.6).sum(1, keepdim=True).clamp(max=probs.shape[1] - 1)
+
+
+def _sample_loss(s):
+    """A loss that reaches words' and attention's parameters through the steps that count (mask)."""
+    return s.log_probs.sum() + (s.alphas * s.mask.unsqueeze(-1)).square().sum()
+
+
+@pytest.mark.parametrize("kind", ["sat", "luong"])
+@pytest.mark.parametrize("name", ["soft", "multihead", "hard"])
+def test_sampling_drops_finished_images_and_samples_the_rest_as_if_alone(kind, name, monkeypatch):
+    monkeypatch.setattr(torch, "multinomial", _median_draw)  # each row's draw a function of its own distribution
+    a = _data(B=6, dtype=torch.float32)[0]
+    extra = {"expected_context_prob": 0.0} if name == "hard" else {}  # hard: a region drawn at every step
+    dec = _EndsAtItsOwnStep(_decoder(kind, name, **extra).train())  # training mode as in SCST, dropout 0
+    together = sample_captions(dec, a, GRID, 3, 15)
+    rows, lengths = list(dec.rows), together.mask.sum(1)
+    assert len(set(lengths.tolist())) > 2
+    if name == "hard":  # its regions are drawn inside the step: every row runs to the end
+        assert set(rows) == {18}
+    else:
+        assert min(rows) < max(rows) // 2 and max(rows) == 18, rows
+    dec.dec.zero_grad()
+    _sample_loss(together).backward()
+    grads = [p.grad.clone() for p in dec.dec.parameters()]
+    dec.dec.zero_grad()
+    for i in range(6):
+        alone = sample_captions(dec, a[i:i + 1], GRID, 3, 15)
+        T = alone.tokens.shape[1]
+        for field in ("tokens", "mask", "log_probs", "alphas", "region_log_probs", "entropies"):
+            x, y = getattr(alone, field), getattr(together, field)
+            if x is not None:
+                torch.testing.assert_close(x, y[3 * i:3 * i + 3, :T], atol=1e-6, rtol=1e-5)
+                if field in ("tokens", "mask", "log_probs"):  # the rest is masked (as the losses do)
+                    assert not y[3 * i:3 * i + 3, T:].any()  # nothing after the image's last sample ended
+        _sample_loss(alone).backward()
+    for g, p in zip(grads, dec.dec.parameters()):
+        torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
 
 
 def _linear_scores(att: SoftAttention):

@@ -6,10 +6,16 @@ from the policy q(y_t | y_<t, a) = softmax(logits / temperature), optionally kep
 <start> or <pad>; hard attention also draws its region s_t inside the step, so the sample is a path (s, y) and
 its log-probability is log q(y | s, a) + log p(s | a), both returned. `CaptionSampler` wraps the captioner for
 this forward pass, so that under torchrun DistributedDataParallel wraps it and averages its gradients.
+
+An image whose n samples have all ended drops out of the batch (once a quarter of the running images have, as
+in decoding.py): later steps, and their backward, run for the other images only. The distribution each caption
+is drawn from is unchanged; which random numbers it gets is not (a step's dropout and draws consume them per
+running row). Hard attention, which draws its regions inside the step, keeps every row.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +23,9 @@ import torch
 from torch import nn
 
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import special_ids, word_log_probs
-from captioning.models.decoder import repeat_rows
+from captioning.decoding import compact_due, live_rows, select_rows, special_ids, word_log_probs
+from captioning.models.attention import HardAttention
+from captioning.models.decoder import map_state, repeat_rows
 
 
 @dataclass
@@ -57,36 +64,54 @@ def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None,
                     max_len: int, temperature: float = 1.0, top_k: int | None = None) -> Samples:
     """Draw `samples_per_image` captions for each annotation grid of a (B, L, D), with gradients."""
     n, pad, end = samples_per_image, Vocabulary.pad_id, Vocabulary.end_id
+    N = a.shape[0] * n  # rows b n + j
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
-    state = repeat_rows(decoder.init_state(a), n)  # rows b n + j
-    if not getattr(decoder, "rows_share_images", False):  # else the step reads n rows per image of a and keys
+    state = repeat_rows(decoder.init_state(a), n)
+    shares = getattr(decoder, "rows_share_images", False)
+    if not shares:  # else the step reads n rows per image of a and keys
         a, keys = repeat_rows((a, keys), n)  # (B n, L, D), (B n, L, A)
-    N = state[0].shape[0] if isinstance(state, (tuple, list)) else state.shape[0]
+    compacts = not isinstance(decoder.attention, HardAttention)  # its region draws happen inside the step
     words = torch.full((N,), Vocabulary.start_id, dtype=torch.long, device=a.device)
     finished = torch.zeros(N, dtype=torch.bool, device=a.device)
-    tokens, log_probs, masks, alphas, region_log_probs, entropies = [], [], [], [], [], []
+    live: torch.Tensor | None = None  # the row (of N) of each running row; None: all, in order
+    steps: list[tuple[torch.Tensor | None, dict[str, torch.Tensor]]] = []  # (live, this step's values) per step
     for _ in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys)
-        logp = policy_log_probs(logits, temperature, top_k)  # (N, V)
+        logp = policy_log_probs(logits, temperature, top_k)  # (b, V)
         with torch.no_grad():
-            drawn = torch.multinomial(logp.exp(), 1).squeeze(1)  # (N,)
+            drawn = torch.multinomial(logp.exp(), 1).squeeze(1)  # (b,)
         active = ~finished
         words = drawn.masked_fill(finished, pad)  # finished captions are fed <pad>, as in greedy decoding
-        chosen = logp.gather(1, drawn.unsqueeze(1)).squeeze(1)  # (N,): a real word's, also where finished
-        tokens.append(words)
-        masks.append(active)
-        alphas.append(att.alpha)
-        log_probs.append(torch.where(active, chosen, torch.zeros_like(chosen)))
+        chosen = logp.gather(1, drawn.unsqueeze(1)).squeeze(1)  # (b,): a real word's, also where finished
+        values = {"tokens": words, "masks": active, "alphas": att.alpha,
+                  "log_probs": torch.where(active, chosen, torch.zeros_like(chosen))}
         if att.log_prob is not None:
-            region_log_probs.append(att.log_prob)
-            entropies.append(att.entropy)
+            values.update(region_log_probs=att.log_prob, entropies=att.entropy)
+        steps.append((live, values))
         finished = finished | (words == end)
-        if finished.all():  # the one host sync per step
+        image_done = finished.view(-1, n).all(dim=1)  # (b / n,)
+        every, compact = compact_due(image_done)  # the one host sync per step
+        if every:
             break
-    return Samples(tokens=torch.stack(tokens, 1), log_probs=torch.stack(log_probs, 1), mask=torch.stack(masks, 1),
-                   alphas=torch.stack(alphas, 1).float(),
-                   region_log_probs=torch.stack(region_log_probs, 1).float() if region_log_probs else None,
-                   entropies=torch.stack(entropies, 1).float() if entropies else None)
+        if compact and compacts:  # drop the images whose samples have all ended
+            keep = (~image_done).nonzero().squeeze(1)  # (b' / n,) running images
+            rows = live_rows(keep, n)  # (b',) their rows
+            live = rows if live is None else live[rows]
+            a, keys = select_rows(keep if shares else rows, a, keys)
+            words, finished = select_rows(rows, words, finished)
+            state = map_state(functools.partial(torch.index_select, dim=0, index=rows), state)
+    out = {key: _stack(N, [(idx, v[key]) for idx, v in steps]) for key in steps[0][1]}
+    return Samples(tokens=out["tokens"], log_probs=out["log_probs"], mask=out["masks"],
+                   alphas=out["alphas"].float(),
+                   region_log_probs=out["region_log_probs"].float() if "region_log_probs" in out else None,
+                   entropies=out["entropies"].float() if "entropies" in out else None)
+
+
+def _stack(N: int, steps: list[tuple[torch.Tensor | None, torch.Tensor]]) -> torch.Tensor:
+    """Each step's values (b_t, ...) of the running rows (None: all N) as one (N, T, ...) tensor, zeros (False,
+    <pad>) in the rows that no longer ran; differentiable in the values."""
+    full = [v if rows is None else v.new_zeros((N, *v.shape[1:])).index_copy(0, rows, v) for rows, v in steps]
+    return torch.stack(full, 1)
 
 
 class CaptionSampler(nn.Module):
