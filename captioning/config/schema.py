@@ -65,6 +65,7 @@ class DatasetConfig(TypedDict):
     batch_size: Positive
     batch_unit: Literal["images", "captions"]  # what batch_size counts in training
     captions_per_image: Annotated[int | None, Range(ge=1)]
+    length_buckets: NotRequired[Annotated[int | None, Range(ge=1)]]  # sort runs of N batches by caption length
     num_workers: Count
 
 

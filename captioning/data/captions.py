@@ -258,6 +258,20 @@ class EncodedCaptions(Sequence[list[torch.Tensor]]):
         """(N,) the number of captions of each image, without building them."""
         return self.split.caption_counts()
 
+    def caption_lengths(self) -> np.ndarray:
+        """(C,) words of each caption (cut to max_len), images in order, without building them."""
+        a, counts = self.split.arrays, self.caption_counts()
+        first = a.image_offsets[self.split.rows]  # (N,) each image's first caption
+        captions = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())  # (C,)
+        return np.minimum(np.diff(a.caption_offsets)[captions], self.max_len)
+
+
+def caption_lengths(encoded: Sequence[Sequence[Any]]) -> np.ndarray:
+    """(C,) words of each caption of `CaptionDataset.encoded` (<start> and <end> not counted), images in order."""
+    if isinstance(encoded, EncodedCaptions):
+        return encoded.caption_lengths()
+    return np.array([len(c) - 2 for caps in encoded for c in caps], dtype=np.int64)
+
 
 def caption_counts(encoded: Sequence[Sequence[Any]]) -> np.ndarray:
     """(N,) captions per image of `CaptionDataset.encoded`, a list or an `EncodedCaptions`."""

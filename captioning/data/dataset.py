@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from captioning.data.captions import SplitView, caption_counts
+from captioning.data.captions import SplitView, caption_counts, caption_lengths
 from captioning.data.features import FeatureCache
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
@@ -161,6 +161,18 @@ def collate_pairs(items: list[dict[str, Any]]) -> Batch:
         elif first["image"] is not None and it["image"] is not None:
             first["captions"] = first["captions"] + it["captions"]
     return collate(list(merged.values()))
+
+
+def item_lengths(ds: CaptionDataset | CaptionPairs) -> np.ndarray:
+    """(items,) the caption length of each training item: a pair's caption, or the mean of an image's captions
+    (what dataset.length_buckets sorts by)."""
+    images = ds.images if isinstance(ds, CaptionPairs) else ds
+    lengths = caption_lengths(images.encoded).astype(np.float64)  # (C,)
+    if isinstance(ds, CaptionPairs):
+        return lengths
+    counts = caption_counts(images.encoded)  # (N,)
+    sums = np.bincount(np.repeat(np.arange(len(counts)), counts), weights=lengths, minlength=len(counts))
+    return sums / np.maximum(counts, 1)  # an image without captions: 0
 
 
 def training_view(images: CaptionDataset,

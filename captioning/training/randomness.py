@@ -28,14 +28,27 @@ def derive_seed(*parts: int) -> int:
 
 
 def epoch_batches(num_items: int, batch_size: int, seed: int, epoch: int, rank: int = 0,
-                  sampler: Sampler[int] | None = None) -> list[list[Key]]:
+                  sampler: Sampler[int] | None = None, lengths: np.ndarray | None = None,
+                  buckets: int | None = None) -> list[list[Key]]:
     """The batches of one epoch as (index, item seed) keys: a shuffle by a generator seeded from (seed, epoch,
-    rank), or the order `sampler` gives (a DistributedSampler after set_epoch); the last batch may be short."""
+    rank), or the order `sampler` gives (a DistributedSampler after set_epoch); the last batch may be short.
+
+    With `buckets` (dataset.length_buckets) and the items' caption `lengths`: each run of `buckets` batches of
+    that order is sorted by length (ties keep their shuffled order) and cut into batches, and the batches are
+    shuffled, so a batch holds captions of similar lengths. Still a pure function of (seed, epoch, rank)."""
     gen = torch.Generator().manual_seed(derive_seed(seed, epoch, rank))
     order = list(sampler) if sampler is not None else torch.randperm(num_items, generator=gen).tolist()
     item_seeds = torch.randint(0, 2**62, (len(order),), generator=gen).tolist()
     keys = list(zip(order, item_seeds))
-    return [keys[i:i + batch_size] for i in range(0, len(keys), batch_size)]
+    if buckets is None:
+        return [keys[i:i + batch_size] for i in range(0, len(keys), batch_size)]
+    if lengths is None or len(lengths) != num_items:
+        raise ValueError("length buckets need the caption length of every item")
+    pool, batches = buckets * batch_size, []
+    for start in range(0, len(keys), pool):
+        run = sorted(keys[start:start + pool], key=lambda key: lengths[key[0]])  # stable
+        batches += [run[i:i + batch_size] for i in range(0, len(run), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
 
 
 class SeededItems(Dataset):

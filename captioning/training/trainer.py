@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.build import build_datasets
-from captioning.data.dataset import Batch, CaptionDataset, training_view
+from captioning.data.dataset import Batch, CaptionDataset, item_lengths, training_view
 from captioning.data.features import open_features
 from captioning.data.vocab import Vocabulary
 from captioning.losses import LossTerms, MovingAverageBaseline
@@ -194,14 +194,17 @@ class Trainer:
         The order is a pure function of (seed, epoch) (randomness.epoch_batches), so a resumed run reads the same
         batches. Under torchrun each rank reads its own 1/N of the epoch (DistributedSampler, set_epoch), so the
         global batch is N x dataset.batch_size images (dataset.batch_unit=captions: captions, each distinct
-        image of a batch encoded once)."""
+        image of a batch encoded once). dataset.length_buckets: batches of similar caption lengths."""
         dc, seed = self.cfg.dataset, int(self.cfg.seed)
         ds, collate = training_view(self.data["train"], dc.get("batch_unit", "images"))
         sampler: DistributedSampler | None = None
         if distributed.initialized():
             sampler = DistributedSampler(ds, shuffle=True, seed=seed, drop_last=False)
             sampler.set_epoch(self.epoch)
-        batches = randomness.epoch_batches(len(ds), dc.batch_size, seed, self.epoch, distributed.rank(), sampler)
+        buckets = dc.get("length_buckets")
+        lengths = item_lengths(ds) if buckets else None
+        batches = randomness.epoch_batches(len(ds), dc.batch_size, seed, self.epoch, distributed.rank(), sampler,
+                                           lengths, buckets)
         workers = torch.Generator().manual_seed(randomness.derive_seed(seed, self.epoch, distributed.rank(), start))
         return DataLoader(randomness.SeededItems(ds), batch_sampler=batches[start:], collate_fn=collate,
                           num_workers=dc.num_workers, generator=workers), len(batches)

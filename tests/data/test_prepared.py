@@ -15,7 +15,7 @@ import torch
 
 from captioning.data import prepared
 from captioning.data.build import build_datasets, load_table
-from captioning.data.captions import SplitView, caption_counts
+from captioning.data.captions import SplitView, caption_counts, caption_lengths
 from captioning.data.dataset import CaptionDataset
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.synthetic_text import karpathy_file
@@ -51,6 +51,10 @@ def _same_records(view, records) -> None:
 def _same_datasets(a: CaptionDataset, b: CaptionDataset) -> None:
     assert len(a) == len(b)
     assert caption_counts(a.encoded).tolist() == caption_counts(b.encoded).tolist()
+    words = [len(c) - 2 for i in range(len(b)) for c in b.encoded[i]]
+    assert caption_lengths(a.encoded).tolist() == caption_lengths(b.encoded).tolist() == words
+    part = [len(c) - 2 for i in range(2, min(5, len(b))) for c in b.encoded[i]]
+    assert caption_lengths(a.encoded[2:5]).tolist() == part  # a view of some images (e.g. a shard)
     for i in range(len(a)):
         assert [c.tolist() for c in a.encoded[i]] == [c.tolist() for c in b.encoded[i]]
         assert all(c.dtype == torch.int64 for c in a.encoded[i])

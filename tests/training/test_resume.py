@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from captioning.runtime import CONF_DIR
 from captioning.train import train
@@ -140,7 +141,8 @@ def reference(data_root, tmp_path_factory):
 # soft; hard with the expected-context coin tossed per batch (p = 0.5) and dropout on: every stream is used
 ATTENTION = {"soft": ["attention=soft", "attention.attention_dim=16"],
              "hard": ["attention=hard", "attention.attention_dim=16", "attention.expected_context_prob=0.5",
-                      "decoder.dropout=0.3"]}
+                      "decoder.dropout=0.3"],
+             "soft_buckets": ["attention=soft", "attention.attention_dim=16", "dataset.length_buckets=2"]}
 
 
 def same(a: Any, b: Any, where: str = "") -> list[str]:
@@ -258,6 +260,15 @@ def test_kill_during_a_checkpoint_write_then_resume_is_bit_identical(data_root, 
     assert (tmp_path / "checkpoints" / "last.pt.tmp").is_file()
     assert last_checkpoint(tmp_path)["step"] == 4
     resume_and_compare(tmp_path, overrides, ref)
+
+
+def test_length_buckets_killed_mid_epoch_then_resumed_is_bit_identical(data_root, reference, tmp_path):
+    ref = reference("soft_buckets")
+    overrides = tiny(data_root, *ATTENTION["soft_buckets"], "trainer.checkpoint_every=4")
+    proc = killed_run(tmp_path, overrides, "step::9")  # in epoch 2, after its first checkpoint
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    resume_and_compare(tmp_path, overrides, ref)
+    assert OmegaConf.load(ref / "config.yaml").dataset.length_buckets == 2  # the run did bucket
 
 
 # Every kind of stop; the steps count from 1 over the whole run (6 per epoch), checkpoints every 4 steps; a
