@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import map_state, repeat_rows
+from captioning.models.unrolled import autocast_input
 
 
 class StepDecoder(Protocol):
@@ -95,7 +96,7 @@ def _put(out: torch.Tensor, live: torch.Tensor | None, value: torch.Tensor) -> N
     if live is None:
         out.copy_(value)
     else:
-        out.index_copy_(0, live, value)
+        out.index_copy_(0, live, value.to(out.dtype))  # e.g. bf16 maps into a float32 buffer
 
 
 @torch.no_grad()
@@ -119,6 +120,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
     run_scores, run_lengths = scores.clone(), lengths.clone()  # of the running rows
     special = special_ids(a.device)
+    a = autocast_input(a)  # under bf16/fp16 autocast: cast once, not at every step (the buffers stay float32)
     for t in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
         logp = word_log_probs(logits, special)  # (b, V)
@@ -190,20 +192,21 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     lp, end = float(length_penalty), Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
     state = decoder.init_state(a, mask)
+    buffers, a = a, autocast_input(a)  # under bf16/fp16 autocast: a cast once, not at every step; buffers float32
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
     logits, state, att = decoder.step(a.new_full((B,), Vocabulary.start_id, dtype=torch.long), state, a, keys, mask)
     state, logits, alpha = repeat_rows((state, logits, att.alpha), k)  # row b k + j
     shared = getattr(decoder, "rows_share_images", False)  # the decoder reads k rows per image of a, keys, mask
     if not shared:
         a, keys, mask = repeat_rows((a, keys, mask), k)  # (B k, L, D), ...
-    scores = a.new_full((B, k), float("-inf"))
+    scores = buffers.new_full((B, k), float("-inf"))
     scores[:, 0] = 0.0  # only the first copy may expand at step 0
     tokens = torch.zeros(max_len, B, k, dtype=torch.long, device=dev)  # word of live beam j after step t
     parents = torch.zeros_like(tokens)  # the beam (at step t - 1) it extends
-    alphas = a.new_zeros(max_len, B, k, L)  # alpha_t of each row that ran step t, before reordering
+    alphas = buffers.new_zeros(max_len, B, k, L)  # alpha_t of each row that ran step t, before reordering
     # Per image still searching (`live`: which image it is); images that are done drop out once a quarter of
     # them are (their results go to `out`), and the others search exactly as they would have with them.
-    best_raw, best_norm = a.new_full((B,), float("-inf")), a.new_full((B,), float("-inf"))
+    best_raw, best_norm = buffers.new_full((B,), float("-inf")), buffers.new_full((B,), float("-inf"))
     best_len = torch.zeros(B, dtype=torch.long, device=dev)  # words of the best candidate (its <end> excluded)
     best_beam = torch.zeros(B, dtype=torch.long, device=dev)  # the beam holding its last word
     out = [best_raw.clone(), best_len.clone(), best_beam.clone()]

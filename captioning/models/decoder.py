@@ -20,7 +20,7 @@ from torch import nn
 from captioning.config.constraints import Range, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.packing import StepPlan
-from captioning.models.unrolled import UnrolledLSTM
+from captioning.models.unrolled import UnrolledLSTM, autocast_input
 
 Size = Annotated[int, Range(ge=1)]  # a layer width or count, in both decoders' signatures
 DropoutRate = Annotated[float, Range(ge=0, lt=1)]
@@ -157,6 +157,7 @@ class ShowAttendTellDecoder(nn.Module):
         plan = StepPlan.of(lengths, a.shape[0], k, captions.shape[1] - 1)
         a, keys, mask = plan.order_images(a, keys, mask)  # images by longest caption, longest first
         h, c, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n), (N, n), (N, L)
+        a = autocast_input(a)  # bf16/fp16: cast once, not at every step
         emb, emb_out = plan.embed(self.embed, captions[:, :-1])  # (sum_t n_t, m) step-major; per token
         lstm = UnrolledLSTM(self.lstm, emb, plan.counts)
         hs, zs, alphas, betas = [], [], [], []

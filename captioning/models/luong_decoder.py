@@ -34,7 +34,7 @@ from captioning.models.decoder import (
     repeat_rows,
 )
 from captioning.models.packing import StepPlan
-from captioning.models.unrolled import UnrolledLinear, UnrolledLSTM
+from captioning.models.unrolled import UnrolledLinear, UnrolledLSTM, autocast_input
 
 # h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
 LuongState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -102,6 +102,7 @@ class LuongDecoder(nn.Module):
         plan = StepPlan.of(lengths, a.shape[0], k, captions.shape[1] - 1)
         a, keys, mask = plan.order_images(a, keys, mask)  # images by longest caption, longest first
         h, c, h_tilde, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n) x 3, (N, L)
+        a = autocast_input(a)  # bf16/fp16: cast once, not at every step
         emb, _ = plan.embed(self.embed, captions[:, :-1])  # (sum_t n_t, m) step-major
         lstm, w_c = UnrolledLSTM(self.lstm, emb, plan.counts), UnrolledLinear(self.W_c.weight, plan.steps)
         outs, alphas = [], []

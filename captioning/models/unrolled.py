@@ -20,6 +20,13 @@ def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's matmul dtype (unchanged where autocast is off or x is not floating point): cast once for all
+    steps, where autocast would cast the float32 annotations a (B, L, D) again at every step's context bmm."""
+    dtype = _matmul_dtype(x)
+    return x.to(dtype) if x.is_floating_point() and dtype != x.dtype else x
+
+
 class _Tape:
     """What the T steps of one unrolled map share: its weights (cast once to the compute dtype), and per step the
     inputs and the output gradient dy_t, so that weight gradients are one GEMM over all steps in step 0's backward.

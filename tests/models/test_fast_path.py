@@ -169,6 +169,34 @@ def test_teacher_forcing_over_real_words_only_matches_the_padded_loop(kind, name
         torch.testing.assert_close(fast_grads[n], plain_grads[n], atol=1e-9, rtol=1e-7, msg=n)
 
 
+class _CastsOf(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts dtype conversions of tensors of one shape (any number of rows: a step's a[:b] too)."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.count = tuple(shape[1:]), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and tuple(args[0].shape[1:]) == self.shape:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["sat", "luong"])
+@pytest.mark.parametrize("name", ["soft", "dot", "multihead"])
+def test_bf16_casts_the_annotations_once_not_at_every_step(kind, name):
+    dec = _decoder(kind, name).train()
+    a, mask, captions = _data(dtype=torch.float32)
+    captions, lengths = _ragged(captions, RAGGED["k=2"])
+    with torch.autocast("cpu", dtype=torch.bfloat16), _CastsOf(a.shape) as casts:
+        out = dec(a, captions, INDEXES["k=2"], mask, GRID, lengths)
+    # attention.prepare's linears (multi-head: keys and values) and one cast for all 6 steps
+    assert casts.count <= 3 and out.logits.dtype == torch.bfloat16, casts.count
+    with _CastsOf(a.shape) as casts:  # float32: no cast at all
+        dec(a, captions, INDEXES["k=2"], mask, GRID, lengths)
+    assert casts.count == 0
+
+
 def test_hard_attention_samples_regions_for_real_steps_only():
     dec = _decoder("sat", "hard").double().train()
     a, _, captions = _data()
@@ -384,6 +412,17 @@ def test_decoding_drops_finished_images_and_decodes_the_rest_as_if_alone(kind, n
             assert alone.tokens[0] == together.tokens[i]
             torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(alone.alphas[0], together.alphas[i], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_decoding_under_bf16_autocast_drops_finished_images_too(k):
+    a = _data(B=6, dtype=torch.float32)[0]
+    dec = _EndsAtItsOwnStep(_decoder("sat", "soft").eval())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = greedy_decode(dec, a, 15) if k == 1 else beam_search(dec, a, k, 15)
+    assert min(dec.rows) < max(dec.rows) // 2  # it compacted, writing bf16 maps into float32 buffers
+    assert all(m.dtype == torch.float32 and m.shape[0] == len(t) for m, t in zip(out.alphas, out.tokens))
+    assert out.scores.dtype == torch.float32 and torch.isfinite(out.scores).all()
 
 
 def _median_draw(probs: torch.Tensor, n: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.decoding import compact_due, live_rows, select_rows, special_ids, word_log_probs
 from captioning.models.attention import HardAttention
 from captioning.models.decoder import map_state, repeat_rows
+from captioning.models.unrolled import autocast_input
 
 
 @dataclass
@@ -67,6 +68,7 @@ def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None,
     N = a.shape[0] * n  # rows b n + j
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
     state = repeat_rows(decoder.init_state(a), n)
+    a = autocast_input(a)  # under bf16/fp16 autocast: cast once, not at every step
     shares = getattr(decoder, "rows_share_images", False)
     if not shares:  # else the step reads n rows per image of a and keys
         a, keys = repeat_rows((a, keys), n)  # (B n, L, D), (B n, L, A)
