@@ -22,7 +22,15 @@ from omegaconf import OmegaConf
 
 from captioning.checkpoint import load_model
 from captioning.data.build import build_datasets
-from captioning.data.dataset import collate
+from captioning.data.dataset import CaptionDataset, collate
+
+
+def load_split(checkpoint: str, split: str) -> tuple[torch.nn.Module, CaptionDataset]:
+    """A checkpoint's model (on the CPU) and a split of the data set it was trained on, read with its vocabulary."""
+    model, vocab, ckpt = load_model(checkpoint, map_location="cpu")
+    dataset_cfg = OmegaConf.create(ckpt["config"]).dataset
+    _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[split], vocab=vocab)
+    return model, data[split]
 
 
 def main() -> None:
@@ -36,11 +44,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model, vocab, ckpt = load_model(args.checkpoint, map_location="cpu")
+    model, ds = load_split(args.checkpoint, args.split)
     model.eval()
-    dataset_cfg = OmegaConf.create(ckpt["config"]).dataset
-    _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[args.split], vocab=vocab)
-    ds = data[args.split]
     items = [ds[i] for i in range(len(ds))]
     batches = [collate(items[i:i + args.batch_size]).images for i in range(0, len(items), args.batch_size)]
     times, digest = [], ""

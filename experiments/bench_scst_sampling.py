@@ -17,10 +17,8 @@ import statistics
 import time
 
 import torch
-from omegaconf import OmegaConf
+from bench_decode_split import load_split  # this folder is on sys.path when the script runs
 
-from captioning.checkpoint import load_model
-from captioning.data.build import build_datasets
 from captioning.data.dataset import collate
 from captioning.training.scst.sampling import sample_captions
 
@@ -35,11 +33,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model, vocab, ckpt = load_model(args.checkpoint, map_location="cpu")
+    model, ds = load_split(args.checkpoint, "test")
     model.train()
-    _, data = build_datasets(OmegaConf.create(ckpt["config"]).dataset, model.encoder.transform(), splits=["test"],
-                             vocab=vocab)
-    images = collate([data["test"][i] for i in range(args.images)]).images
+    images = collate([ds[i] for i in range(args.images)]).images
     with torch.no_grad():
         a, grid = model.encode(images)
     torch.manual_seed(0)
