@@ -67,6 +67,7 @@ class DatasetConfig(TypedDict):
     captions_per_image: Annotated[int | None, Range(ge=1)]
     length_buckets: NotRequired[Annotated[int | None, Range(ge=1)]]  # sort runs of N batches by caption length
     num_workers: Count
+    cache_images: NotRequired[bool]  # keep each transformed image in memory after its first read
 
 
 class EvalConfig(TypedDict):

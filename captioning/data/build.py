@@ -115,7 +115,8 @@ def build_datasets(dataset_cfg: DictConfig, transform: Callable, splits: Sequenc
     assert vocab is not None
     max_len = int(dataset_cfg.max_caption_len)
     per_image = {"train": dataset_cfg.get("captions_per_image")}
-    data: dict[str, Any] = {s: CaptionDataset(records[s], vocab, transform, max_len, per_image.get(s), features)
+    cache = bool(dataset_cfg.get("cache_images", False))
+    data: dict[str, Any] = {s: CaptionDataset(records[s], vocab, transform, max_len, per_image.get(s), features, cache)
                             for s in splits}
     for s, d in data.items():
         logger.info("%s split: %d images, %d captions", s, len(d), int(caption_counts(d.encoded).sum()))
