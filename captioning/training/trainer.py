@@ -38,7 +38,7 @@ from captioning.predict import Prediction, decode_split, instance_correctness, l
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.outputs import write_outputs
 from captioning.runtime import attention_name, resolve_device
-from captioning.training import distributed, precision, randomness
+from captioning.training import distributed, precision, randomness, schedule
 from captioning.training.objectives import CrossEntropy, LossContext, LossSettings
 from captioning.training.stop import StopRequest, TrainingInterrupted
 
@@ -307,8 +307,7 @@ class Trainer:
             for k, v in self.history[-1].items():
                 writer.add_scalar(f"epoch/{k}", v, self.epoch)
             if self.scheduler is not None:
-                is_plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-                self.scheduler.step(score) if is_plateau else self.scheduler.step()
+                schedule.step_schedule(self.scheduler, score)
             improved = score > self.best
             self.best, self.bad_epochs = (score, 0) if improved else (self.best, self.bad_epochs + 1)
             state = self.training_state()
