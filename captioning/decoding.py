@@ -45,6 +45,8 @@ class Decoded:
     tokens: list[list[int]]  # per image, word ids without <start>/<end>
     alphas: list[torch.Tensor]  # per image, (T_i, L): the map used to produce each word
     scores: torch.Tensor  # (B,) raw log-probability of the chosen sequence (incl. <end> if it has one)
+    # beam_search(n_best > 1) only: per image, up to n_best (words, maps, raw log p), best first (the chosen one)
+    alternatives: list[list[tuple[list[int], torch.Tensor, float]]] | None = None
 
 
 def _check(beam_size: int, max_len: int, length_penalty: float = 0.0) -> None:
@@ -167,7 +169,7 @@ def _backtrack(tokens: torch.Tensor, parents: torch.Tensor, alphas: torch.Tensor
 @torch.no_grad()
 def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: int,
                 length_penalty: float = 0.0, mask: torch.Tensor | None = None,
-                grid: tuple[int, int] | None = None) -> Decoded:
+                grid: tuple[int, int] | None = None, n_best: int = 1) -> Decoded:
     """Batched beam search (B images x k beams in one tensor) with a pool of finished captions per image.
 
     Length n of a hypothesis: its words plus its <end> if it has one (the number of log-probs in its score);
@@ -186,8 +188,14 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
       whose captions never end still gets its best prefix.
     - Choice: the best candidate by normalised score (a finished one wins ties); `scores` holds its raw
       log-probability.
+    - Alternatives (n_best > 1): every continuation by <end> that enters a pool as above (not only each step's
+      best one), and at max_len the k live hypotheses, compete for n_best places by normalised score. An image is
+      then done when no live hypothesis can enter its pool (the bound above against its n-th place): the search
+      runs longer, but its beams and its choice are those of n_best = 1 (nothing found later beats the choice).
     """
     _check(beam_size, max_len, length_penalty)
+    if n_best < 1:
+        raise ValueError(f"n_best must be >= 1, got {n_best}")
     (B, L), k, dev = a.shape[:2], beam_size, a.device
     lp, end = float(length_penalty), Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
@@ -209,7 +217,10 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     best_raw, best_norm = buffers.new_full((B,), float("-inf")), buffers.new_full((B,), float("-inf"))
     best_len = torch.zeros(B, dtype=torch.long, device=dev)  # words of the best candidate (its <end> excluded)
     best_beam = torch.zeros(B, dtype=torch.long, device=dev)  # the beam holding its last word
-    out = [best_raw.clone(), best_len.clone(), best_beam.clone()]
+    # the n-best pool (n_best > 1): normalised and raw scores, length and beam of each place, per image
+    pool = [best_norm.new_full((B, n_best), float("-inf")), best_raw.new_full((B, n_best), float("-inf")),
+            best_len.new_zeros(B, n_best), best_beam.new_zeros(B, n_best)] if n_best > 1 else []
+    out = [best_raw.clone(), best_len.clone(), best_beam.clone(), *[p.clone() for p in pool]]
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     live: torch.Tensor | None = None  # the image of each searching row (None: all, in order)
     special, steps = special_ids(dev), max_len
@@ -221,9 +232,13 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
             alpha = att.alpha
         cand = word_log_probs(logits, special).add_(scores.view(-1, 1)).view(b, k, -1)  # (b, k, V) raw log p
         V = cand.shape[2]
-        end_score, end_beam = cand[:, :, end].max(dim=1)  # (b,) the best continuation by <end>
+        ends = cand[:, :, end].clone()  # (b, k) each beam's continuation by <end>
+        end_score, end_beam = ends.max(dim=1)  # (b,) the best one
         cand[:, :, end] = float("-inf")
         scores, flat = cand.view(b, k * V).topk(k, dim=1)  # (b, k) the k best live ones, best first
+        if pool:
+            entered = (ends >= scores[:, -1:]) & ~done.unsqueeze(1)
+            pool = _merge_pool(pool, ends.masked_fill(~entered, float("-inf")), t, lp)
         parent, word = flat // V, flat % V  # (b, k)
         _put(tokens[t], live, word)
         _put(parents[t], live, parent)
@@ -235,13 +250,13 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         rows = (torch.arange(b, device=dev).unsqueeze(1) * k + parent).view(-1)  # (b k,) the row each beam continues
         state, words = map_state(functools.partial(torch.index_select, dim=0, index=rows), state), word.view(-1)
         if t + 1 < max_len:
-            done |= best_norm >= scores[:, 0] / max_len ** lp
+            done |= (pool[0][:, -1] if pool else best_norm) >= scores[:, 0] / max_len ** lp
             every, compact = compact_due(done)
             if every:
                 steps = t + 1
                 break
             if compact:
-                for o, v in zip(out, (best_raw, best_len, best_beam)):
+                for o, v in zip(out, (best_raw, best_len, best_beam, *pool)):
                     _put(o, live, v)
                 keep = (~done).nonzero().squeeze(1)  # (b',) images still searching
                 beams = live_rows(keep, k)  # (b' k,)
@@ -250,12 +265,48 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
                 words, scores, done = words[beams], scores[keep], done[keep]
                 live = keep if live is None else live[keep]
                 best_raw, best_norm, best_len, best_beam = select_rows(keep, best_raw, best_norm, best_len, best_beam)
+                pool = select_rows(keep, *pool)
     else:  # max_len reached: the best live hypothesis (length max_len, no <end>) is a candidate too
         better = (scores[:, 0] / max_len ** lp > best_norm) & ~done
         best_raw = torch.where(better, scores[:, 0], best_raw)
         best_len, best_beam = torch.where(better, max_len, best_len), torch.where(better, 0, best_beam)
-    for o, v in zip(out, (best_raw, best_len, best_beam)):
+        if pool:
+            pool = _merge_pool(pool, scores.masked_fill(done.unsqueeze(1), float("-inf")), max_len, lp)
+    for o, v in zip(out, (best_raw, best_len, best_beam, *pool)):
         _put(o, live, v)
-    best_raw, best_len, best_beam = out
+    best_raw, best_len, best_beam = out[:3]
     seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
-    return _finish(seqs, maps, best_len, best_raw)
+    decoded = _finish(seqs, maps, best_len, best_raw)
+    if n_best > 1:
+        decoded.alternatives = _alternatives(decoded, out[3:], tokens[:steps], parents[:steps], alphas[:steps],
+                                             best_len, best_beam)
+    return decoded
+
+
+def _merge_pool(pool: list[torch.Tensor], raw: torch.Tensor, length: int, lp: float) -> list[torch.Tensor]:
+    """The n best of the pool (norm, raw, len, beam; each (b, n)) and the k candidates raw (b, k) of this length."""
+    b, k = raw.shape
+    norm = raw / length ** lp
+    lengths = pool[2].new_full((b, k), length)
+    beams = torch.arange(k, device=raw.device).expand(b, k)
+    merged = [torch.cat(pair, dim=1) for pair in zip(pool, (norm, raw, lengths, beams))]
+    order = merged[0].topk(pool[0].shape[1], dim=1).indices  # (b, n)
+    return [m.gather(1, order) for m in merged]
+
+
+def _alternatives(decoded: Decoded, pool: list[torch.Tensor], tokens: torch.Tensor, parents: torch.Tensor,
+                  alphas: torch.Tensor, best_len: torch.Tensor,
+                  best_beam: torch.Tensor) -> list[list[tuple[list[int], torch.Tensor, float]]]:
+    """Per image: the chosen caption, then the pool's others by normalised score (n_best in all, fewer if fewer)."""
+    _, raw, lengths, beams = pool
+    n = raw.shape[1]
+    found = [_finish(*_backtrack(tokens, parents, alphas, lengths[:, j], beams[:, j]), lengths[:, j], raw[:, j])
+             for j in range(n)]
+    same = ((lengths == best_len.unsqueeze(1)) & (beams == best_beam.unsqueeze(1))).tolist()
+    real = torch.isfinite(raw).tolist()
+    result = []
+    for i, (words, maps, score) in enumerate(zip(decoded.tokens, decoded.alphas, decoded.scores.tolist())):
+        others = [(f.tokens[i], f.alphas[i], float(f.scores[i])) for j, f in enumerate(found)
+                  if real[i][j] and not same[i][j]]
+        result.append([(words, maps, score), *others][:n])
+    return result

@@ -278,3 +278,43 @@ def test_bad_settings_are_refused():
         greedy_decode(dec, _images(1), max_len=0)
     with pytest.raises(ValueError, match="length_penalty"):
         beam_search(dec, _images(1), beam_size=2, max_len=3, length_penalty=-1.0)
+
+
+# --- n-best alternatives ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", list(ATTENTIONS))
+@pytest.mark.parametrize("lp", [0.0, 1.0])
+def test_alternatives_are_real_hypotheses_ranked_and_leave_the_search_unchanged(kind, lp):
+    max_len, n = 7, 4
+    dec, a = _decoder(kind, 3, end_bias=1.0)
+    plain = beam_search(dec, a, beam_size=3, max_len=max_len, length_penalty=lp)
+    out = beam_search(dec, a, beam_size=3, max_len=max_len, length_penalty=lp, n_best=n)
+    assert plain.alternatives is None and out.tokens == plain.tokens
+    torch.testing.assert_close(out.scores, plain.scores, rtol=0, atol=0)
+    assert out.alternatives is not None and len(out.alternatives) == a.shape[0]
+    assert max(len(alts) for alts in out.alternatives) > 1  # the pool found others
+    for i, alts in enumerate(out.alternatives):
+        assert 1 <= len(alts) <= n
+        assert alts[0][0] == out.tokens[i] and alts[0][2] == pytest.approx(out.scores[i].item(), abs=0)
+        assert len({tuple(toks) for toks, _, _ in alts}) == len(alts)  # distinct captions
+        norms = []
+        for toks, alpha, score in alts:
+            seq = toks + [END] if len(toks) < max_len else toks
+            norms.append(score / len(seq) ** lp)
+            assert score == pytest.approx(_sequence_logprob(dec, a[i:i + 1], seq), abs=1e-5)
+            forced = dec(a[i:i + 1], torch.tensor([[Vocabulary.start_id, *seq]]))
+            torch.testing.assert_close(alpha, forced.alphas[0, :len(toks)], rtol=0, atol=1e-5)
+        assert norms[0] >= max(norms) - 1e-6  # the chosen one is the best found
+        assert norms[1:] == sorted(norms[1:], reverse=True)
+
+
+def test_alternatives_of_an_exhaustive_beam_are_the_best_captions_found():
+    # The EARLY tree: [3] (0.1) wins; [4, 5, w] then <end> (0.9 * p_w * 0.3) are the next ones, best first.
+    dec = TableDecoder(_prob_table(EARLY, DEEPER, 11), 11)
+    out = beam_search(dec, _images(1), beam_size=5, max_len=6, n_best=3)
+    (first, _, s1), (second, _, s2), (third, _, s3) = out.alternatives[0]
+    assert first == [3] and s1 == pytest.approx(math.log(0.1), abs=1e-5)
+    assert second == [4, 5, 6] and s2 == pytest.approx(math.log(0.9 * 0.24 * 0.3), abs=1e-5)
+    assert third == [4, 5, 7] and s3 == pytest.approx(math.log(0.9 * 0.22 * 0.3), abs=1e-5)
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(dec, _images(1), beam_size=2, max_len=3, n_best=0)

@@ -59,12 +59,15 @@ class Captioner(nn.Module):
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, beam_size: int = 3, max_len: int = 20,
-                 length_penalty: float = 0.0) -> tuple[Decoded, tuple[int, int]]:
-        """Caption a batch of images (or cached annotations); returns the captions and the attention grid (h, w)."""
+                 length_penalty: float = 0.0, n_best: int = 1) -> tuple[Decoded, tuple[int, int]]:
+        """Caption a batch of images (or cached annotations); returns the captions and the attention grid (h, w).
+
+        With n_best > 1 the beam search also returns up to n_best alternatives per image (`Decoded.alternatives`).
+        """
         a, grid = self.encode(images)  # (B, L, D)
-        if beam_size == 1 and length_penalty == 0:  # the same captions as beam_search, without the pool
+        if beam_size == 1 and length_penalty == 0 and n_best == 1:  # beam_search's captions, without the pool
             return greedy_decode(self.decoder, a, max_len, grid=grid), grid
-        return beam_search(self.decoder, a, beam_size, max_len, length_penalty, grid=grid), grid
+        return beam_search(self.decoder, a, beam_size, max_len, length_penalty, grid=grid, n_best=n_best), grid
 
 
 class CompiledStep:

@@ -1,28 +1,39 @@
-"""Caption your own images: `captioning-caption IMAGE [IMAGE ...] --checkpoint PATH [--beam-size K] [--out DIR]`.
+"""Caption your own images: files, folders, lists of paths or a data set's split, in batches.
 
-Prints one line per image (`path<TAB>caption`) and writes its attention figure to DIR, named after the image
-(`x.png` for x.jpg; images sharing a name get their folder's name in front, then a number if still needed, so no
-figure overwrites another). Images are read by the data sets' loader (captioning/data/images.py). An image that
-cannot be read is reported on stderr and skipped; the others are still captioned (exit status 1 then). A bad
-option, checkpoint or output folder is one `error:` line on stderr and exit status 2, before any image is read.
+    captioning-caption photo.jpg imgs/ --checkpoint best.pt                      # path<TAB>caption on stdout
+    captioning-caption imgs/ --checkpoint best.pt --jsonl out.jsonl --results results.json [--resume]
+    captioning-caption --annotations data/shapes/dataset_shapes.json --split test --checkpoint best.pt \
+        --results r.json                                                         # scorable by captioning-score
+
+Images are read by the one image loader and captioned through the Python API (captioning/inference/model.py),
+`--batch-size` at a time, the next batch read while the model runs. Outputs: `--jsonl` (one line per image: path,
+image_id, caption, log_prob, and the alternatives when asked; written batch by batch, so `--resume` continues an
+interrupted run where it stopped, with the same captions), `--results` (COCO results, image ids from the split's
+file, `--id-map` or the digits ending each file name), `--figures DIR` (attention figures, only when asked).
+Without --jsonl and --results, `path<TAB>caption` lines go to stdout. An unreadable image is skipped with one line
+on stderr and counted (exit status 1 then); a bad option, checkpoint or output file is one `error:` line and exit
+status 2 before any image is read. The last stderr line says what was captioned and where it went.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-import torch
 from PIL import Image
+from tqdm import tqdm
 
-from captioning.checkpoint import load_model
-from captioning.cli import ArgumentParser, one_line, positive_int, run_cli, writable_dir
+from captioning.cli import ArgumentParser, one_line, positive_int, run_cli, writable_dir, writable_file
 from captioning.data.images import ImageError, load_image
-from captioning.models.captioner import selects_regions
-from captioning.reporting.figures import chosen_regions, plot_attention
-from captioning.runtime import resolve_device
+from captioning.inference.model import CaptionModel, CaptionResult, load
+from captioning.inference.outputs import CaptionLog, file_sha256, write_results
+from captioning.inference.sources import ImageSource, assign_ids, collect_images, split_images
 
 PROG = "captioning-caption"
 
@@ -40,50 +51,168 @@ def figure_names(paths: Sequence[Path]) -> list[str]:
     return [f"{n}_{k}.png" if counts[n] > 1 else f"{n}.png" for k, n in enumerate(names)]
 
 
-def caption_images(images: Sequence[Path], checkpoint: Path, beam_size: int = 3, max_len: int = 20,
-                   out: Path = Path("captions"), device: str = "auto") -> int:
-    """Caption each image, print `path<TAB>caption` and write its attention figure; returns the number skipped."""
-    writable_dir(out)  # a read-only output folder fails before the model is loaded
-    dev = resolve_device(device)
-    model, vocab, _ = load_model(checkpoint, map_location=dev)
-    transform, failures = model.encoder.transform(), 0
-    for path, name in zip(images, figure_names(images)):
+def _read(batch: list[ImageSource]) -> tuple[list[ImageSource], list[Image.Image], list[str]]:
+    """The readable images of a batch, and one message per unreadable one."""
+    kept, images, errors = [], [], []
+    for src in batch:
         try:
-            image = load_image(path)
-            with torch.no_grad():
-                decoded, (h, w) = model.generate(transform(image).unsqueeze(0).to(dev), beam_size, max_len)
+            images.append(load_image(src.path))
+            kept.append(src)
         except ImageError as err:
-            print(f"{PROG}: skipped: {err}", file=sys.stderr)
-            failures += 1
-            continue
-        except RuntimeError as err:  # e.g. an image smaller than the encoder's pooling (SmallCNN without image_size)
-            print(f"{PROG}: skipped: cannot caption {path}: {one_line(err)}", file=sys.stderr)
-            failures += 1
-            continue
-        words, alphas = vocab.decode(decoded.tokens[0]), decoded.alphas[0].view(-1, h, w)
-        print(f"{path}\t{' '.join(words)}", flush=True)
-        if words:
-            regions = chosen_regions(alphas) if selects_regions(model) else None
-            plot_attention(model.encoder.view(image), words, alphas.numpy(), out / name, regions=regions)
-    return failures
+            errors.append(str(err))
+    return kept, images, errors
+
+
+def _read_ahead(todo: list[ImageSource], size: int) -> Iterator[tuple[list[ImageSource], list[Image.Image],
+                                                                      list[str]]]:
+    """Batches of read images; the next batch is read in a thread while the caller captions this one."""
+    batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(_read, batches[0]) if batches else None
+        for n in range(len(batches)):
+            assert pending is not None
+            ready = pending.result()
+            pending = pool.submit(_read, batches[n + 1]) if n + 1 < len(batches) else None
+            yield ready
+
+
+def _caption(model: CaptionModel, srcs: list[ImageSource], images: list[Image.Image], options: dict[str, Any],
+             errors: list[str]) -> list[tuple[ImageSource, CaptionResult]]:
+    """Caption a batch; where the batch fails (e.g. an image too small for an encoder without an input size), each
+    image alone, so only the images that cannot be captioned are skipped."""
+    try:
+        return list(zip(srcs, model.caption_batch(images, [s.key for s in srcs], **options)))
+    except RuntimeError as err:
+        if len(srcs) == 1:
+            errors.append(f"cannot caption {srcs[0].path}: {one_line(err)}")
+            return []
+    return [pair for s, im in zip(srcs, images) for pair in _caption(model, [s], [im], options, errors)]
+
+
+def _row(src: ImageSource, result: CaptionResult) -> dict[str, Any]:
+    row: dict[str, Any] = {"path": src.key, "image_id": src.image_id, "caption": result.caption,
+                           "log_prob": round(result.log_prob, 6)}
+    if result.alternatives:
+        row["alternatives"] = result.to_dict()["alternatives"]
+    return row
+
+
+def _sources(args: argparse.Namespace) -> list[ImageSource]:
+    if args.annotations:
+        if args.images or args.list:
+            raise ValueError("give either --annotations (a data set's split) or images, folders and --list files")
+        return split_images(args.annotations, args.split, args.image_root)
+    sources = collect_images(args.images, args.list, args.glob)
+    return assign_ids(sources, args.id_map) if args.results or args.id_map else sources
+
+
+def caption_run(args: argparse.Namespace) -> int:
+    """Caption every image the arguments name and write the outputs asked for; returns the number skipped."""
+    if args.resume and not args.jsonl:
+        raise ValueError("--resume continues a run from its --jsonl log: give --jsonl FILE")
+    for path in (args.results, args.jsonl):
+        if path:
+            writable_file(path)
+    if args.figures:
+        writable_dir(args.figures)
+    sources = _sources(args)  # every path checked before the model is loaded
+    model = load(args.checkpoint, args.device)
+    options = {"beam_size": args.beam_size, "max_len": args.max_len, "alternatives": args.alternatives}
+    settings = {"checkpoint": str(Path(args.checkpoint).resolve()), "checkpoint_sha256": file_sha256(args.checkpoint),
+                **options}
+    log = CaptionLog(args.jsonl, settings, args.resume) if args.jsonl else None
+    earlier = {s.key for s in sources} & set(log.done) if log else set()
+    todo = [s for s in sources if s.key not in earlier]
+    names = dict(zip((s.key for s in sources), figure_names([s.path for s in sources])))
+    rows: list[dict[str, Any]] = []
+    skipped, figures, start, echo = 0, 0, time.perf_counter(), not (args.jsonl or args.results)
+    bar = tqdm(total=len(sources), initial=len(earlier), unit="img", desc="caption", disable=None, file=sys.stderr)
+    try:
+        for srcs, images, errors in _read_ahead(todo, args.batch_size):
+            done = _caption(model, srcs, images, options, errors) if srcs else []
+            for message in errors:
+                tqdm.write(f"{PROG}: skipped: {message}", file=sys.stderr)
+            skipped += len(errors)
+            new = [_row(src, result) for src, result in done]
+            rows += new
+            if log:
+                log.append(new)
+            for src, result in done:
+                if echo:
+                    tqdm.write(f"{src.key}\t{result.caption}", file=sys.stdout)
+                if args.figures and result.words:
+                    model.plot(result, Path(args.figures) / names[src.key])
+                    figures += 1
+            bar.update(len(srcs) + len(errors))
+    except KeyboardInterrupt:
+        if log:
+            print(f"{PROG}: interrupted; {len(log.done)} captions are in {log.path}: run the same command with "
+                  "--resume to continue", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    said = [f"captioned {len(rows)} images in {seconds:.1f} s ({len(rows) / max(seconds, 1e-9):.1f} images/s)"]
+    if earlier:
+        said.append(f"{len(earlier)} more from the earlier run")
+    if skipped:
+        said.append(f"skipped {skipped} that could not be read or captioned")
+    if args.results:
+        kept = [log.done[s.key] for s in sources if s.key in log.done] if log else rows
+        said.append(f"results: {args.results} ({write_results(args.results, kept)} images)")
+    if log:
+        said.append(f"log: {log.path}")
+    if args.figures:
+        said.append(f"{figures} figures in {args.figures}")
+    print(f"{PROG}: " + "; ".join(said), file=sys.stderr)
+    return skipped
+
+
+def _alternatives(text: str) -> int:
+    """argparse type: 0..20 alternatives."""
+    value = positive_int(text) if text.strip() != "0" else 0
+    if value > 20:
+        raise argparse.ArgumentTypeError(f"at most 20, got {value}")
+    return value
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description="Caption images with a trained checkpoint: image files, folders "
+                       "(searched recursively), --list files of paths, or a data set's split (--annotations).",
+                       epilog="examples: captioning-caption photo.jpg --checkpoint outputs/<run>/checkpoints/best.pt "
+                       "--figures figs/ | captioning-caption val2014/ --checkpoint best.pt --jsonl val.jsonl "
+                       "--results val_results.json --resume")
+    p.add_argument("images", nargs="*", type=Path, help="image files and folders")
+    p.add_argument("--checkpoint", required=True, type=Path)
+    p.add_argument("--list", action="append", default=[], type=Path, metavar="FILE",
+                   help="a text file of image paths, one a line (relative to its folder); repeatable")
+    p.add_argument("--glob", action="append", default=[], metavar="PATTERN",
+                   help="file names to take from folders, any letter case (default: *.jpg *.jpeg *.png *.bmp *.gif "
+                   "*.webp *.tif *.tiff); repeatable")
+    p.add_argument("--annotations", type=Path, help="caption a data set's split: a Karpathy split file or a COCO "
+                   "caption file (then with --image-root); results carry its image ids")
+    p.add_argument("--split", default="test", help="the split of a Karpathy file (default: test)")
+    p.add_argument("--image-root", type=Path, help="the folder of the annotation file's images")
+    p.add_argument("--id-map", type=Path, help="JSON object: file name (or path as given) -> integer image id")
+    p.add_argument("--beam-size", type=positive_int, default=3)
+    p.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
+    p.add_argument("--alternatives", type=_alternatives, default=0, metavar="N",
+                   help="also record the N best captions of the beam search (0-20; in --jsonl)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
+    p.add_argument("--results", type=Path, help="write a COCO results file [{image_id, caption}] here")
+    p.add_argument("--jsonl", type=Path, help="write one JSON line per image here (path, image_id, caption, "
+                   "log_prob); the record --resume continues from")
+    p.add_argument("--resume", action="store_true", help="continue the run recorded in --jsonl")
+    p.add_argument("--figures", type=Path, help="write each image's attention figure into this folder")
+    p.add_argument("--device", default="auto")
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status (0, or 1 when some image was skipped)."""
-    parser = ArgumentParser(prog=PROG, description="Caption images with a trained checkpoint and draw the attention "
-                            "map of every word (one figure per image in --out).",
-                            epilog="example: captioning-caption photo.jpg other.png --checkpoint "
-                            "outputs/<run>/checkpoints/best.pt --beam-size 5 --out figures/")
-    parser.add_argument("images", nargs="+", type=Path)
-    parser.add_argument("--checkpoint", required=True, type=Path)
-    parser.add_argument("--beam-size", type=positive_int, default=3)
-    parser.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
-    parser.add_argument("--out", type=Path, default=Path("captions"), help="folder for attention figures")
-    parser.add_argument("--device", default="auto")
-    args = parser.parse_args(argv)
-    failures = run_cli(lambda: caption_images(args.images, args.checkpoint, args.beam_size, args.max_len, args.out,
-                                              args.device), PROG, (ValueError, OSError, RuntimeError))
-    return 1 if failures else 0
+    args = parser().parse_args(argv)
+    skipped = run_cli(lambda: caption_run(args), PROG, (ValueError, OSError, RuntimeError))
+    return 1 if skipped else 0
 
 
 def cli() -> None:

@@ -35,17 +35,20 @@ def test_caption_many_formats_and_skip_bad_files(tmp_path, capsys):
     names = ("rgb.png", "gray.jpg", "rgba.webp", "rotated.jpg", "grey16.png", "notes.txt", "missing.png")
     paths = [images / n for n in names]
     code = main([*map(str, paths), "--checkpoint", str(ckpt), "--beam-size", "2", "--max-len", "4",
-                 "--out", str(tmp_path / "figs")])
+                 "--figures", str(tmp_path / "figs")])
     out, err = capsys.readouterr()
     assert code == 1
     lines = out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == [str(p) for p in paths[:5]]
     assert "cannot read image" in err and "notes.txt" in err and "image file not found" in err
-    assert len(err.strip().splitlines()) == 2  # one line per skipped image
+    lines_err = err.strip().splitlines()
+    assert len(lines_err) == 3  # one line per skipped image, then the summary
+    assert lines_err[-1].startswith("captioning-caption: captioned 5 images") and "skipped 2" in lines_err[-1]
     assert open_image(images / "rotated.jpg").size == (20, 40)  # EXIF rotation applied
     assert open_image(images / "grey16.png").getpixel((0, 0)) == (117, 117, 117)  # 30000 / 65535 * 255, not white
     captioned = [line for line in lines if line.split("\t")[1]]
     assert len(list((tmp_path / "figs").glob("*.png"))) == len(captioned)
+    assert f"{len(captioned)} figures in {tmp_path / 'figs'}" in lines_err[-1]  # says where the figures went
 
 
 def test_same_file_names_in_different_folders_keep_their_own_figures(tmp_path, capsys):
@@ -62,7 +65,7 @@ def test_same_file_names_in_different_folders_keep_their_own_figures(tmp_path, c
     with torch.no_grad():
         model.decoder.L_o.bias[vocab.stoi["a"]] = 50.0  # always says "a": every image gets a figure
     ckpt = save_checkpoint(tmp_path / "word.pt", model, vocab, {"model": TINY_MODEL})
-    assert main([*map(str, paths), "--checkpoint", str(ckpt), "--max-len", "2", "--out", str(tmp_path / "f")]) == 0
+    assert main([*map(str, paths), "--checkpoint", str(ckpt), "--max-len", "2", "--figures", str(tmp_path / "f")]) == 0
     assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["a_x.png", "b_x.png"]
 
 
@@ -70,13 +73,13 @@ def test_tiny_images_are_resized_by_an_encoder_with_an_image_size(tmp_path, caps
     cfg = {**TINY_MODEL, "encoder": {**TINY_MODEL["encoder"], "image_size": 32}}
     ckpt = _checkpoint(tmp_path, cfg)
     Image.new("RGB", (1, 1), "red").save(tmp_path / "dot.png")
-    assert main([str(tmp_path / "dot.png"), "--checkpoint", str(ckpt), "--out", str(tmp_path / "f")]) == 0
+    assert main([str(tmp_path / "dot.png"), "--checkpoint", str(ckpt), "--figures", str(tmp_path / "f")]) == 0
     assert capsys.readouterr().out.startswith(f"{tmp_path / 'dot.png'}\t")
     # Without image_size a 1 x 1 image is too small for the pooling: skipped with a reason, never a traceback.
     ckpt = _checkpoint(tmp_path)
-    assert main([str(tmp_path / "dot.png"), "--checkpoint", str(ckpt), "--out", str(tmp_path / "f")]) == 1
+    assert main([str(tmp_path / "dot.png"), "--checkpoint", str(ckpt), "--figures", str(tmp_path / "f")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"captioning-caption: skipped: cannot caption {tmp_path / 'dot.png'}: ") and err.count("\n") == 1
+    assert err.startswith(f"captioning-caption: skipped: cannot caption {tmp_path / 'dot.png'}: ") and err.count("\n") == 2
 
 
 @pytest.mark.parametrize("options, message", [
@@ -84,7 +87,13 @@ def test_tiny_images_are_resized_by_an_encoder_with_an_image_size(tmp_path, caps
     (["--beam-size", "-2"], "argument --beam-size: must be >= 1, got -2"),
     (["--max-len", "0"], "argument --max-len: must be >= 1, got 0"),
     (["--max-len", "two"], "argument --max-len: expected a whole number >= 1, got 'two'"),
-    (["--out", "{file}/figs"], "cannot write to the folder"),
+    (["--figures", "{file}/figs"], "cannot write to the folder"),
+    (["--results", "{tmp}"], "it is a folder"),
+    (["--resume"], "--resume continues a run from its --jsonl log"),
+    (["--alternatives", "21"], "argument --alternatives: at most 20, got 21"),
+    (["--list", "{tmp}/nope.txt"], "list of images not found"),
+    (["--results", "{tmp}/r.json"], "no image id"),
+    (["--annotations", "{file}"], "either --annotations"),
     (["--checkpoint", "{tmp}/nope.pt"], "checkpoint not found"),
     (["--checkpoint", "{file}"], "is not a readable captioning checkpoint"),
     (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nonsense"], "device"),
