@@ -8,8 +8,9 @@
 
 Images are read by the one image loader (captioning/data/images.py: EXIF rotation, 16-bit grey, transparency,
 decompression-bomb guard) and preprocessed by the encoder's own `transform()`, so a caption here is the caption
-training's validation and `captioning-evaluate` give for the same image. A path that cannot be read raises an
-`ImageError` naming it.
+training's validation and `captioning-evaluate` give for the same image. A PIL image given directly gets the
+loader's colour rules (captioning.data.images.to_rgb) but no EXIF rotation: it is taken as it is shown. A path that
+cannot be read raises an `ImageError` naming it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from captioning.checkpoint import load_model
-from captioning.data.images import load_image
+from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner, selects_regions
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
@@ -85,8 +86,8 @@ class CaptionModel:
         self.marks_regions = selects_regions(model)
 
     @overload
-    def caption(self, images: ImageInput, beam_size: int = ..., max_len: int = ..., batch_size: int = ...,
-                alternatives: int = ..., length_penalty: float = ...) -> CaptionResult: ...
+    def caption(self, images: ImageInput, beam_size: int = ..., max_len: int = ...,  # type: ignore[overload-overlap]
+                batch_size: int = ..., alternatives: int = ..., length_penalty: float = ...) -> CaptionResult: ...
 
     @overload
     def caption(self, images: Sequence[ImageInput], beam_size: int = ..., max_len: int = ..., batch_size: int = ...,
@@ -101,7 +102,7 @@ class CaptionModel:
         One image gives one CaptionResult, a list gives a list in the same order.
         """
         single = isinstance(images, (str, os.PathLike, Image.Image))
-        items: list[ImageInput] = [images] if single else list(images)  # type: ignore[list-item]
+        items = [cast(ImageInput, images)] if single else list(cast(Sequence[ImageInput], images))
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         results: list[CaptionResult] = []
@@ -119,7 +120,8 @@ class CaptionModel:
         """Caption images already read (RGB), in one forward pass per input size; results in the given order."""
         if alternatives < 0:
             raise ValueError(f"alternatives must be >= 0, got {alternatives}")
-        tensors = [self.transform(im.convert("RGB")) for im in images]
+        images = [to_rgb(im) for im in images]  # the loader's rules for 16-bit grey, transparency, palettes
+        tensors = [self.transform(im) for im in images]
         by_shape: dict[tuple[int, ...], list[int]] = {}
         for i, x in enumerate(tensors):  # an encoder without a fixed input size batches images of one size together
             by_shape.setdefault(tuple(x.shape), []).append(i)
@@ -136,7 +138,7 @@ class CaptionModel:
                     alts = [Alternative(tuple(self.vocab.decode(decoded.tokens[j])), float(decoded.scores[j]))]
                 results[i] = CaptionResult(
                     source=sources[i], words=self.vocab.decode(decoded.tokens[j]), log_prob=float(decoded.scores[j]),
-                    attention=maps.float().numpy(), image=self.model.encoder.view(images[i].convert("RGB")),
+                    attention=maps.float().numpy(), image=self.model.encoder.view(images[i]),
                     alternatives=alts[:alternatives],
                     regions=chosen_regions(maps) if self.marks_regions and len(maps) else None)
         return [r for r in results if r is not None]

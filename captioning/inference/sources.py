@@ -94,7 +94,7 @@ def split_images(annotations: str | os.PathLike, split: str = "test",
                  image_root: str | os.PathLike | None = None) -> list[ImageSource]:
     """The images of a data set's split with their ids (a Karpathy split file, or a COCO caption file with
     image_root), in the file's order: captions of them are scorable against that file as they are."""
-    _, paths = load_annotations(annotations, split, image_root)
+    _, paths = load_annotations(Path(annotations), split, None if image_root is None else Path(image_root))
     if not paths:
         hint = "" if image_root else " (a COCO caption file needs --image-root: the folder of its images)"
         raise ValueError(f"{annotations}: no images in split {split!r}{hint}")
@@ -112,7 +112,8 @@ def assign_ids(sources: Iterable[ImageSource], mapping: str | os.PathLike | None
     """Give every source without an id one: from the mapping (keyed by the path as given, or by the file name),
     else from the digits that end its stem. A source with neither, or two images with one id, is an error."""
     table = _mapped_ids(Path(mapping)) if mapping is not None else {}
-    out, owner = [], {}
+    out: list[ImageSource] = []
+    owner: dict[int, Path] = {}
     for src in sources:
         image_id = src.image_id
         if image_id is None:

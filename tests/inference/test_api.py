@@ -87,3 +87,14 @@ def test_images_of_different_sizes_batch_and_bad_input_is_named(checkpoint, tmp_
         model.caption(test_paths[0], alternatives=-1)
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         captioning.load(tmp_path / "nope.pt")
+
+
+def test_a_pil_image_gets_the_loaders_colour_rules(checkpoint, tmp_path):
+    model = captioning.load(checkpoint, device="cpu")
+    rgba = Image.new("RGBA", (32, 32), (0, 0, 255, 0))  # fully transparent: white, as the loader shows it
+    rgba.paste((255, 0, 0, 255), (8, 8, 20, 20))
+    rgba.save(tmp_path / "rgba.png")
+    from_file, from_pil = model.caption(tmp_path / "rgba.png"), model.caption(rgba)
+    assert from_pil.words == from_file.words
+    np.testing.assert_array_equal(np.asarray(from_pil.image), np.asarray(from_file.image))
+    assert from_pil.image.getpixel((0, 0)) == (255, 255, 255)
