@@ -25,6 +25,46 @@ def _sort_key(value: Any) -> str:
     return repr(value) if ok else ""
 
 
+# The attention drawing report.html and the demo page (captioning/reporting/demo_page.py) share:
+# drawAttention(canvas, base, e, t) draws word t's map of an entry {h, w, maps: base64 uint8 (T, h, w), regions?} on
+# the canvas laid over the image `base`, as described below (t === null clears it).
+HEATMAP_JS = """
+  const STRENGTH = 0.7;
+
+  function maps(e) {
+    if (!e.bytes) {
+      const s = atob(e.maps);
+      e.bytes = new Uint8Array(s.length);
+      for (let i = 0; i < s.length; i++) e.bytes[i] = s.charCodeAt(i);
+    }
+    return e.bytes;
+  }
+
+  function drawAttention(canvas, base, e, t) {
+    const W = base.naturalWidth || base.offsetWidth, H = base.naturalHeight || base.offsetHeight;
+    if (canvas.width !== W || canvas.height !== H) { canvas.width = W; canvas.height = H; }
+    const ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, W, H);
+    canvas.dataset.word = t === null || !e ? "" : String(t);
+    if (t === null || !e) return;
+    const n = e.h * e.w, bytes = maps(e);
+    const small = document.createElement("canvas");
+    small.width = e.w; small.height = e.h;
+    const sctx = small.getContext("2d");
+    const veil = sctx.createImageData(e.w, e.h);
+    for (let i = 0; i < n; i++) veil.data[4 * i + 3] = Math.round(255 * STRENGTH * (1 - bytes[t * n + i] / 255));
+    sctx.putImageData(veil, 0, 0);
+    ctx.imageSmoothingEnabled = true;
+    ctx.drawImage(small, 0, 0, W, H);
+    if (e.regions) {
+      const r = e.regions[t], cw = W / e.w, ch = H / e.h;
+      ctx.strokeStyle = "red"; ctx.lineWidth = 2;
+      ctx.strokeRect((r % e.w) * cw + 1, Math.floor(r / e.w) * ch + 1, cw - 2, ch - 2);
+    }
+  }
+"""
+
+
 # The page: CSS, the table, the attention data (JSON) and the script that draws maps and sorts rows. A word's map is
 # drawn as a black veil of opacity STRENGTH * (1 - m) over the image, which is visualize.overlay_attention's blend
 # (pixel * (1 - strength + strength * m)); the browser's bilinear upscaling of the h x w veil does the smoothing.
@@ -63,51 +103,22 @@ marks the region hard attention selected); click a word to keep its map. Click a
 <script>
 "use strict";
 (function () {
-  const STRENGTH = 0.7;
   const data = JSON.parse(document.getElementById("report-data").textContent);
   const table = document.getElementById("images");
   const tbody = table.tBodies[0];
   const pinned = new Map();
-
-  function maps(e) {
-    if (!e.bytes) {
-      const s = atob(e.maps);
-      e.bytes = new Uint8Array(s.length);
-      for (let i = 0; i < s.length; i++) e.bytes[i] = s.charCodeAt(i);
-    }
-    return e.bytes;
-  }
-
+$heatmap_js
   // Draw word t's attention over the row's image (t === null: the plain image).
   function draw(row, t) {
     const e = data.entries[Number(row.dataset.entry)];
     const canvas = row.querySelector("canvas.heat");
     if (!e || !canvas) return;
-    const base = canvas.previousElementSibling;
-    const W = base.naturalWidth || base.offsetWidth, H = base.naturalHeight || base.offsetHeight;
-    if (canvas.width !== W || canvas.height !== H) { canvas.width = W; canvas.height = H; }
-    const ctx = canvas.getContext("2d");
-    ctx.clearRect(0, 0, W, H);
+    drawAttention(canvas, canvas.previousElementSibling, e, t);
     row.querySelectorAll(".word.active").forEach(function (el) { el.classList.remove("active"); });
     const label = row.querySelector(".shown");
-    if (t === null) { canvas.dataset.word = ""; label.textContent = "image"; return; }
-    const n = e.h * e.w, bytes = maps(e);
-    const small = document.createElement("canvas");
-    small.width = e.w; small.height = e.h;
-    const sctx = small.getContext("2d");
-    const veil = sctx.createImageData(e.w, e.h);
-    for (let i = 0; i < n; i++) veil.data[4 * i + 3] = Math.round(255 * STRENGTH * (1 - bytes[t * n + i] / 255));
-    sctx.putImageData(veil, 0, 0);
-    ctx.imageSmoothingEnabled = true;
-    ctx.drawImage(small, 0, 0, W, H);
-    if (e.regions) {
-      const r = e.regions[t], cw = W / e.w, ch = H / e.h;
-      ctx.strokeStyle = "red"; ctx.lineWidth = 2;
-      ctx.strokeRect((r % e.w) * cw + 1, Math.floor(r / e.w) * ch + 1, cw - 2, ch - 2);
-    }
+    if (t === null) { label.textContent = "image"; return; }
     const word = row.querySelector('.word[data-t="' + t + '"]');
     word.classList.add("active");
-    canvas.dataset.word = String(t);
     label.textContent = "attention: " + word.textContent;
   }
 
@@ -201,4 +212,5 @@ def render_page(items: Sequence[ReportItem], columns: Sequence[str], metrics: Ma
                    f'alt="training curves"></section>') if curves_uri is not None else ""
     return PAGE_TEMPLATE.substitute(
         title=html.escape(title), overall=_overall_table(metrics), curves=curves_html, head=head, body=body,
-        count=len(items), data=data.replace("</", "<\\/"))  # no "</script>" can close the data block early
+        count=len(items), heatmap_js=HEATMAP_JS,
+        data=data.replace("</", "<\\/"))  # no "</script>" can close the data block early

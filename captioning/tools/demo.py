@@ -1,0 +1,254 @@
+"""Caption your own images in a browser: `captioning-demo --checkpoint best.pt [--port 8000] [--host 127.0.0.1]`.
+
+Serves one local page (captioning/reporting/demo_page.py) where an image is chosen or dropped; the page POSTs its
+bytes to /caption and shows the caption, the beam's alternatives with their log-probabilities, and each word's
+attention map on hover. The server is the standard library's ThreadingHTTPServer: no dependency, bound to
+127.0.0.1 unless --host says otherwise (`--port 0` picks a free port; the URL is printed).
+
+An upload is checked before it is decoded: no Content-Length is a 411, one over --max-upload-mb a 413, and the
+bytes are read by the project's one image loader (captioning/data/images.py: decompression-bomb guard, corrupt or
+truncated files) through a temporary file deleted afterwards; a file it refuses is a 400 whose one-line JSON
+`error` the page shows. One request decodes at a time (a lock around the model). Each request is one log line.
+A bad checkpoint or option is one `error:` line and exit status 2 before anything is served; Ctrl-C stops the
+server (exit status 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from PIL import Image
+
+import captioning
+from captioning.cli import ArgumentParser, one_line, positive_int, run_cli
+from captioning.data.images import ImageError, load_image
+from captioning.inference.model import CaptionModel
+from captioning.reporting.demo_page import MB, render_demo_page, result_payload, too_large_message
+
+PROG = "captioning-demo"
+DRAIN_MAX = 64 * MB  # an over-limit body up to this size is read and dropped, so the browser sees the 413, not a reset
+logger = logging.getLogger(__name__)
+
+
+def upload_name(header: str | None) -> str:
+    """A printable file name for messages, from the page's X-Filename header (URL-encoded); "upload" if none."""
+    name = unquote(header or "").replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(c for c in name if c.isprintable())[:100].strip()
+    return name or "upload"
+
+
+def read_upload(data: bytes, name: str) -> Image.Image:
+    """Uploaded bytes as an RGB image, read by the one image loader from a temporary file (deleted afterwards);
+    an ImageError naming the upload (not the temporary file) otherwise."""
+    with tempfile.TemporaryDirectory(prefix="captioning-demo-") as folder:
+        path = Path(folder) / "upload"
+        path.write_bytes(data)
+        try:
+            return load_image(path)
+        except ImageError as err:
+            raise ImageError(one_line(err).replace(str(path), name)) from None
+
+
+class DemoServer(ThreadingHTTPServer):
+    """The demo's HTTP server: the model, its decoding options, the page and the lock that serialises decoding."""
+
+    def __init__(self, model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = 3,
+                 alternatives: int = 3, max_len: int = 20, max_upload_bytes: int = 20 * MB):
+        self.model, self.beam_size, self.alternatives, self.max_len = model, beam_size, alternatives, max_len
+        self.max_upload_bytes = max_upload_bytes
+        self.decoding = threading.Lock()  # one request decodes at a time
+        self.page = render_demo_page(max_upload_bytes, beam_size, alternatives, max_len).encode("utf-8")
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            super().__init__((host, port), DemoHandler)
+        except OSError as err:
+            raise OSError(f"cannot serve on {host}:{port}: {err.strerror or err} "
+                          "(try another --port, or --port 0)") from err
+
+    @property
+    def url(self) -> str:
+        """The page's address."""
+        host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+    def caption(self, data: bytes, name: str) -> dict[str, Any]:
+        """The JSON answer for uploaded bytes; ImageError for a file that is not a usable image."""
+        image = read_upload(data, name)
+        with self.decoding:
+            result = self.model.caption_batch([image], [name], self.beam_size, self.max_len, self.alternatives)[0]
+        return result_payload(result)
+
+
+def make_server(model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = 3,
+                alternatives: int = 3, max_len: int = 20, max_upload_bytes: int = 20 * MB) -> DemoServer:
+    """The demo server bound to host:port (0: a free port), not yet serving: call `serve_forever()` (in a thread
+    for tests, then `shutdown()` and `server_close()`)."""
+    return DemoServer(model, host, port, beam_size, alternatives, max_len, max_upload_bytes)
+
+
+class DemoHandler(BaseHTTPRequestHandler):
+    """GET / is the page, POST /caption captions the request body; every answer but the page is JSON."""
+
+    server: DemoServer
+    server_version = "captioning-demo"
+    timeout = 60  # seconds without a byte from the client before its connection is dropped
+
+    def handle_one_request(self) -> None:
+        self.started, self.status, self.note, self.sent = time.monotonic(), 0, "", 0
+        super().handle_one_request()
+        if self.status or self.note:  # one line per request (a connection that sent nothing is not one)
+            took = time.monotonic() - self.started
+            logger.info('%s "%s" %s %d bytes %.2f s%s', self.address_string(), getattr(self, "requestline", ""),
+                        self.status or "-", self.sent, took, f" ({self.note})" if self.note else "")
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        self.status = int(code) if str(code).isdigit() else 0
+
+    def log_error(self, format: str, *args: Any) -> None:
+        self.note = format % args  # the base class's own errors (bad request line, unknown method, time-out)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+            self.sent = len(body)
+        except ConnectionError as err:  # the client left before its answer
+            self.note = f"{self.note}; client gone: {err}" if self.note else f"client gone: {err}"
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        if "error" in payload:
+            self.note = payload["error"]
+        self._send(status, json.dumps(payload, separators=(",", ":")).encode("utf-8"), "application/json")
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path in ("/", "/index.html"):
+            self._send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
+        else:
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path} (the demo is at /)"})
+
+    def do_POST(self) -> None:
+        if urlsplit(self.path).path != "/caption":
+            self._json(HTTPStatus.NOT_FOUND, {"error": "POST the image to /caption"})
+            return
+        try:
+            status, payload = self._caption()
+        except Exception as err:  # a bug: answered and logged, and the server goes on serving
+            logger.exception("%s: %s failed", PROG, self.requestline)
+            status, payload = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {one_line(err)}"}
+        self._json(status, payload)
+
+    def _caption(self) -> tuple[int, dict[str, Any]]:
+        name, length = upload_name(self.headers.get("X-Filename")), self.headers.get("Content-Length")
+        limit = self.server.max_upload_bytes
+        if length is None:
+            return HTTPStatus.LENGTH_REQUIRED, {"error": "the upload has no Content-Length: send the image file as "
+                                                "the request body with its length"}
+        if not length.strip().isdigit():
+            return HTTPStatus.BAD_REQUEST, {"error": f"bad Content-Length {length!r}: expected a number of bytes"}
+        size = int(length)
+        if size > limit:
+            self._discard(size)
+            return HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": too_large_message(size, limit)}
+        if size == 0:
+            return HTTPStatus.BAD_REQUEST, {"error": "the upload is empty: choose an image file"}
+        try:
+            data = self.rfile.read(size)
+        except OSError as err:  # the time-out of a client that stopped sending
+            return HTTPStatus.BAD_REQUEST, {"error": f"the upload stopped before its end: {one_line(err)}"}
+        if len(data) < size:
+            return HTTPStatus.BAD_REQUEST, {"error": f"the upload stopped after {len(data)} of {size} bytes"}
+        try:
+            payload = self.server.caption(data, name)
+        except ImageError as err:
+            return HTTPStatus.BAD_REQUEST, {"error": one_line(err)}
+        except RuntimeError as err:  # e.g. an image smaller than the encoder's pooling (SmallCNN without image_size)
+            return HTTPStatus.BAD_REQUEST, {"error": f"cannot caption {name}: {one_line(err)}"}
+        self.note = f"{name}: {payload['caption']!r}"
+        return HTTPStatus.OK, payload
+
+    def _discard(self, size: int) -> None:
+        """Read and drop a refused body (up to DRAIN_MAX), so the client can read the answer before the close."""
+        self.close_connection = True
+        left = size if size <= DRAIN_MAX else 0
+        try:
+            while left > 0 and (chunk := self.rfile.read(min(left, MB))):
+                left -= len(chunk)
+        except OSError:
+            pass
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (0: a free one)."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535 (0: a free port), got {text!r}")
+    return int(text)
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Load the model, bind the server, print its URL and serve until Ctrl-C; returns 0."""
+    model = captioning.load(args.checkpoint, args.device)
+    server = make_server(model, args.host, args.port, args.beam_size, args.alternatives, args.max_len,
+                         args.max_upload_mb * MB)
+    print(f"{PROG}: serving {args.checkpoint} on {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    print(f"{PROG}: stopped", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit status (0 once stopped by Ctrl-C)."""
+    parser = ArgumentParser(prog=PROG, description="Serve a local page that captions an uploaded image and shows "
+                            "the beam's alternatives and each word's attention map.",
+                            epilog="example: captioning-demo --checkpoint outputs/<run>/checkpoints/best.pt "
+                            "--port 0")
+    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    parser.add_argument("--port", type=port_number, default=8000, help="0: a free port (the URL is printed)")
+    parser.add_argument("--beam-size", type=positive_int, default=3)
+    parser.add_argument("--alternatives", type=count, default=3, help="captions of the beam to list (>= 0)")
+    parser.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-upload-mb", type=positive_int, default=20, help="largest image file accepted")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    return run_cli(lambda: serve(args), PROG, (ValueError, OSError, RuntimeError))
+
+
+def cli() -> None:
+    """Console script wrapper."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
