@@ -172,14 +172,17 @@ def _scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor,
     (B, L, A), k = keys.shape, q.shape[1]
     dtype = torch.result_type(keys, q)
     per = _chunk(keys, k)
-    buf = keys.new_empty((min(per, B), k, L, A), dtype=dtype)
-    e = keys.new_empty((B, k, L), dtype=dtype)
     w = w.to(dtype).view(A, 1)
+    if per >= B:  # one chunk (a GPU, an exported graph, a small batch): no loop over images, whose count tracing
+        hidden = tanh_(torch.add(keys.unsqueeze(1), q.unsqueeze(2)))  # would fix; (B, k, L, A)
+        e = torch.mm(hidden.view(-1, A), w).view(B, k, L)
+        return (e if b is None else e.add_(b.to(dtype))), hidden
+    buf = keys.new_empty((per, k, L, A), dtype=dtype)
+    e = keys.new_empty((B, k, L), dtype=dtype)
     for i in range(0, B, per):
         j = min(B, i + per)
         e[i:j] = torch.mm(_hidden(keys, q, i, j, buf).view(-1, A), w).view(j - i, k, L)  # (b k L, A) @ (A, 1)
-    e = e if b is None else e.add_(b.to(dtype))
-    return e, buf if per >= B else buf.new_empty(0)
+    return (e if b is None else e.add_(b.to(dtype))), buf.new_empty(0)
 
 
 def additive_scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor,
