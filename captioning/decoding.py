@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from captioning.config.constraints import check_decoding
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import map_state, repeat_rows
@@ -47,16 +48,6 @@ class Decoded:
     scores: torch.Tensor  # (B,) raw log-probability of the chosen sequence (incl. <end> if it has one)
     # beam_search(n_best > 1) only: per image, up to n_best (words, maps, raw log p), best first (the chosen one)
     alternatives: list[list[tuple[list[int], torch.Tensor, float]]] | None = None
-
-
-def _check(beam_size: int, max_len: int, length_penalty: float = 0.0) -> None:
-    """Refuse settings that cannot decode anything."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty must be >= 0 (0 ranks by raw log-probability), got {length_penalty}")
 
 
 def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
@@ -109,7 +100,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     Captions that have ended drop out of the batch (once a quarter of the running ones has): the others decode
     exactly as they would have with them.
     """
-    _check(1, max_len)
+    check_decoding(1, max_len)
     (B, L), pad, end = a.shape[:2], Vocabulary.pad_id, Vocabulary.end_id
     keys = decoder.attention.prepare(a, grid)  # (B, L, A)
     state = decoder.init_state(a, mask)
@@ -193,7 +184,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
       then done when no live hypothesis can enter its pool (the bound above against its n-th place): the search
       runs longer, but its beams and its choice are those of n_best = 1 (nothing found later beats the choice).
     """
-    _check(beam_size, max_len, length_penalty)
+    check_decoding(beam_size, max_len, length_penalty)
     if n_best < 1:
         raise ValueError(f"n_best must be >= 1, got {n_best}")
     (B, L), k, dev = a.shape[:2], beam_size, a.device

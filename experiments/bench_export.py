@@ -5,10 +5,9 @@ Prints the size of each exported file, then milliseconds per image and images pe
 threads (torch.set_num_threads / ONNX Runtime's intra-op threads), best of `--repeats`, on the same preprocessed
 images in batches of `--batch-size` (image reading left out), and how many captions agree word for word.
 
-Without --checkpoint the default config (conf/train.yaml: small_cnn, soft attention, sat decoder, 64 px shapes)
-is trained for 32 steps on a small generated shapes set first, so captions end at realistic lengths:
+The checkpoint is a trained run's (the README's numbers: the default run's best.pt, on its shapes test images):
 
-    .venv/bin/python experiments/bench_export.py [--checkpoint outputs/<run>/checkpoints/best.pt]
+    PYTHONPATH=$PWD .venv/bin/python experiments/bench_export.py --checkpoint outputs/<run>/checkpoints/best.pt
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 
 from captioning.checkpoint import load_model
 from captioning.data.images import load_image
@@ -31,25 +29,7 @@ from captioning.data.shapes import build_shapes
 from captioning.export.exporter import export_checkpoint
 from captioning.export.runner import Runner
 from captioning.models.captioner import Captioner
-from captioning.runtime import CONF_DIR
 from captioning.tools.export import human_size
-from captioning.training.trainer import Trainer
-
-
-def quick_checkpoint(root: Path, num_test: int) -> Path:
-    """best.pt of the default config after 32 training steps on 64 generated shapes images."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[
-            f"dataset.root={root}", "dataset.generate.num_train=64", "dataset.generate.num_val=8",
-            f"dataset.generate.num_test={num_test}", "dataset.generate.seed=1", "dataset.batch_size=16",
-            "dataset.prepared=null", "trainer.progress=false", "device=cpu", "optim.lr=0.005"])
-    torch.manual_seed(0)
-    trainer = Trainer(cfg, root / "run")
-    for epoch in range(8):
-        trainer.epoch = epoch
-        for batch in trainer.train_loader()[0]:
-            trainer.optimizer_step(trainer.loss(batch).total)
-    return trainer.save("best.pt", trainer.training_state())
 
 
 def best_of(repeats: int, decode: Callable[[torch.Tensor], list[list[int]]],
@@ -76,8 +56,8 @@ def onnx_tokens(runner: Runner, images: torch.Tensor, beam: int) -> list[list[in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, default=None)
-    p.add_argument("--num-test", type=int, default=100, help="shapes test images (without --checkpoint)")
+    p.add_argument("--checkpoint", type=Path, required=True, help="a run's best.pt (e.g. the default run's)")
+    p.add_argument("--num-test", type=int, default=100, help="test images to caption")
     p.add_argument("--batch-size", type=int, default=50)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -87,12 +67,10 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
-    """Train (unless given a checkpoint), export into `work`, print sizes and timings."""
+    """Export into `work`, print sizes and timings."""
     torch.set_num_threads(2)
-    start = time.perf_counter()
-    ckpt = args.checkpoint or quick_checkpoint(work / "shapes", args.num_test)
-    print(f"checkpoint: {ckpt} ({'given' if args.checkpoint else 'default config, 32 training steps'}, "
-          f"{time.perf_counter() - start:.1f} s)")
+    ckpt = args.checkpoint
+    print(f"checkpoint: {ckpt}")
     start = time.perf_counter()
     files = export_checkpoint(ckpt, work / "onnx")
     print(f"export (onnx, checked): {time.perf_counter() - start:.1f} s")
@@ -100,7 +78,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         print(f"  {f.name:<16} {human_size(f.stat().st_size):>9}")
     model, vocab, saved = load_model(ckpt)
     generate = saved["config"]["dataset"]["generate"]
-    root = Path(saved["config"]["dataset"]["root"]) if args.checkpoint else work / "shapes"
+    root = Path(saved["config"]["dataset"]["root"])
     annotations = build_shapes(root, **{k: v for k, v in generate.items() if k not in ("_target_", "root")})
     paths = [r.path for r in read_karpathy_splits(["test"], annotations, root)["test"]][: args.num_test]
     transform = model.encoder.transform()

@@ -3,6 +3,8 @@ helpers: fixtures.py)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,31 @@ def trained_run(shapes_json: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     train(compose_tiny_train(shapes_json, "trainer.max_epochs=4", "eval.num_figures=0",
                              "eval.metrics=[bleu,rouge,cider]"), out)
     return out
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+INSTALL = "apt-get install -y chromium chromium-driver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by selenium through /usr/bin/chromedriver (skipped when not installed)."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(f"chromium / chromedriver not installed (Debian: `{INSTALL}`)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed: pip install -e '.[dev]'")
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

@@ -237,3 +237,13 @@ def _has_checks(tp: Any) -> bool:
     tp, meta = split_annotated(tp)
     return any(isinstance(m, Constraint) for m in meta) or typing.get_origin(tp) is Literal or any(
         _has_checks(a) for a in typing.get_args(tp) if a is not Ellipsis and not isinstance(a, (str, int, float)))
+
+
+def check_decoding(beam_size: int, max_len: int, length_penalty: float = 0.0) -> None:
+    """Refuse decoding settings that cannot decode anything (the torch and the exported searches share this)."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if length_penalty < 0:
+        raise ValueError(f"length_penalty must be >= 0 (0 ranks by raw log-probability), got {length_penalty}")

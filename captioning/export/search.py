@@ -17,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from captioning.config.constraints import check_decoding
+
 PAD, START, END = 0, 1, 2  # captioning.data.vocab.Vocabulary's ids (the manifest's vocab starts with them)
 NEG_INF = np.float32(-np.inf)
 
@@ -54,18 +56,9 @@ def _rows(state: State, index: np.ndarray) -> State:
     return [s[index] for s in state]
 
 
-def _check(beam_size: int, max_len: int, length_penalty: float) -> None:
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty must be >= 0 (0 ranks by raw log-probability), got {length_penalty}")
-
-
 def greedy(steps: Steps, a: np.ndarray, max_len: int) -> list[Found]:
     """The most likely word at every step, for annotation grids a (B, L, D)."""
-    _check(1, max_len, 0.0)
+    check_decoding(1, max_len, 0.0)
     B, L = a.shape[:2]
     keys, state = steps.init(a)
     words = np.full(B, START, dtype=np.int64)
@@ -116,7 +109,7 @@ def _backtrack(tokens: np.ndarray, parents: np.ndarray, alphas: np.ndarray, leng
 
 def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0) -> list[Found]:
     """Batched beam search with a pool of finished captions per image (rules: `captioning.decoding.beam_search`)."""
-    _check(beam_size, max_len, length_penalty)
+    check_decoding(beam_size, max_len, length_penalty)
     (B, L), k, lp = a.shape[:2], beam_size, float(length_penalty)
     keys, state = steps.init(a)
     logits, alpha, state = steps.step(np.full(B, START, dtype=np.int64), a, keys, state)  # step 0: once per image

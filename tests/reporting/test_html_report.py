@@ -5,8 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +30,6 @@ from captioning.reporting.html import (
 from captioning.reporting.items import ReportItem
 from captioning.reporting.outputs import write_outputs
 from captioning.tools.html import main
-
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-INSTALL = "apt-get install -y chromium chromium-driver"
 
 
 def _one_hot(h: int, w: int, r: int, c: int) -> np.ndarray:
@@ -222,30 +217,6 @@ def test_cli_errors_name_the_bad_input(shapes_json, tmp_path, capsys):
 
 
 # -- in a real headless browser -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's chromium driven by selenium through /usr/bin/chromedriver (skipped when not installed)."""
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip(f"chromium / chromedriver not installed (Debian: `{INSTALL}`)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed: pip install -e '.[dev]'")
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
 # Where the heatmap canvas is least veiled (most attended): the centroid of its near-minimum-opacity pixels, as
 # fractions of the canvas size; the centroid of its opaque red pixels (the hard-attention box), its pixel size and
 # the word it shows.

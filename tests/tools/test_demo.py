@@ -9,7 +9,6 @@ import io
 import json
 import logging
 import re
-import shutil
 import signal
 import socket
 import struct
@@ -38,8 +37,6 @@ from captioning.reporting.demo_page import DISPLAY_SIDE
 from captioning.reporting.html import quantize_maps
 from captioning.tools.demo import main, make_server
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-INSTALL = "apt-get install -y chromium chromium-driver"
 BEAM, ALTERNATIVES, MAX_LEN, LIMIT = 3, 3, 5, 64 * 1024
 
 
@@ -239,30 +236,6 @@ def test_the_command_prints_its_url_serves_and_stops_on_ctrl_c(checkpoint):
 
 
 # -- in a real headless browser -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's chromium driven by selenium through /usr/bin/chromedriver (skipped when not installed)."""
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip(f"chromium / chromedriver not installed (Debian: `{INSTALL}`)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed: pip install -e '.[dev]'")
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
 @pytest.fixture
 def page(browser, server):
     browser.get(server.url)
