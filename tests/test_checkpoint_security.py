@@ -214,7 +214,7 @@ def test_captioning_caption_refuses_in_one_line(good_checkpoint, shapes_json, tm
     marker = tmp_path / "marker"
     bad = _edited(good_checkpoint, tmp_path / "bad.pt", _replace(group, _payload(kind, marker)))
     with pytest.raises(SystemExit) as exc:
-        caption.main([str(_image(shapes_json)), "--checkpoint", str(bad), "--out", str(tmp_path / "out")])
+        caption.main([str(_image(shapes_json)), "--checkpoint", str(bad), "--figures", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert exc.value.code != 0 and len(err.splitlines()) == 1 and f"model.{group}._target_ '{kind}'" in err, err
     assert not marker.exists()
@@ -263,7 +263,7 @@ def test_console_scripts_exit_nonzero_and_run_nothing(good_checkpoint, shapes_js
     marker = tmp_path / "marker"
     bad = _edited(good_checkpoint, tmp_path / "bad.pt", _replace("decoder", _payload("torch.hub.load", marker)))
     args = ([f"checkpoint={bad}", f"hydra.run.dir={tmp_path / 'eval'}"] if name == "captioning-evaluate"
-            else [str(_image(shapes_json)), "--checkpoint", str(bad), "--out", str(tmp_path / "out")])
+            else [str(_image(shapes_json)), "--checkpoint", str(bad), "--figures", str(tmp_path / "out")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.run([*_script(name, module), *args], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)

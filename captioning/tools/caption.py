@@ -203,7 +203,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--jsonl", type=Path, help="write one JSON line per image here (path, image_id, caption, "
                    "log_prob); the record --resume continues from")
     p.add_argument("--resume", action="store_true", help="continue the run recorded in --jsonl")
-    p.add_argument("--figures", type=Path, help="write each image's attention figure into this folder")
+    p.add_argument("--figures", "--out", type=Path, help="write each image's attention figure into this folder "
+                   "(--out: its earlier name)")
     p.add_argument("--device", default="auto")
     return p
 

@@ -196,12 +196,12 @@ def test_caption_exit_status(tmp_path):
         Image.new("RGB", (32, 32), "red").save(tmp_path / folder / "x.png")
     images = [tmp_path / "a" / "x.png", tmp_path / "b" / "x.png"]
     proc = run("captioning-caption", *images, "--checkpoint", ckpt, "--max-len", "2", "--out", tmp_path / "figs",
-               cwd=tmp_path)
+               cwd=tmp_path)  # --out: the earlier name of --figures
     assert_ok(proc)
     assert len(proc.stdout.strip().splitlines()) == 2
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["a_x.png", "b_x.png"]  # none overwritten
     for options, message in ((["--beam-size", "0"], "--beam-size: must be >= 1, got 0"),  # more in test_caption.py
-                             (["--out", images[0] / "figs"], "cannot write to the folder")):
+                             (["--figures", images[0] / "figs"], "cannot write to the folder")):
         proc = run("captioning-caption", *images, "--checkpoint", ckpt, *options, cwd=tmp_path)
         assert_one_line_error(proc, "captioning-caption", message)
         assert proc.stdout == ""
