@@ -4,17 +4,17 @@
     for c in runner.caption(["photo.jpg", "other.png"], beam_size=3):
         print(" ".join(c.words), c.log_prob)
 
-or from a shell, on a machine without torch: `python -m captioning.export.runner DIR IMAGE... [--beam-size K]`,
-which prints `path<TAB>caption` per image. Nothing here imports torch (tests/export/test_runner_no_torch.py runs it
-with torch blocked): the images are read by the project's image loader (captioning/data/images.py), preprocessed
-as the encoder's transform() does (captioning/export/preprocess.py) and decoded by the NumPy ports of greedy
-decoding and beam search (captioning/export/search.py), which give the PyTorch model's captions.
+or from a shell, on a machine without torch: `captioning-run-export DIR IMAGE... [--beam-size K]`
+(captioning/tools/run_export.py), which prints `path<TAB>caption` per image. Nothing here imports torch
+(tests/export/test_runner_no_torch.py runs it with torch blocked): the images are read by the project's image
+loader (captioning/data/images.py), preprocessed as the encoder's transform() does (captioning/export/preprocess.py)
+and decoded by the NumPy ports of greedy decoding and beam search (captioning/export/search.py), which give the
+PyTorch model's captions.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +23,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from captioning.cli import ArgumentParser, positive_int, run_cli
-from captioning.data.images import ImageError, load_image
+from captioning.data.images import load_image
 from captioning.data.vocab import Vocabulary
 from captioning.export import preprocess
 from captioning.export.manifest import GRAPHS, Manifest, read_manifest
 from captioning.export.search import Found, State, decode, words_of
 
-PROG = "python -m captioning.export.runner"
 ImageInput = str | os.PathLike | Image.Image
 Graph = Callable[[list[np.ndarray]], list[np.ndarray]]  # inputs in the manifest's order -> outputs in order
 
@@ -144,40 +142,3 @@ class Runner:
         found: list[Found] = decode(self, self.encode(images), beam_size, max_len, length_penalty)
         return [Caption(words_of(f.tokens, self.vocab.itos), f.log_prob, f.tokens, f.alphas.reshape(-1, h, w))
                 for f in found]
-
-
-def caption_files(folder: Path, images: Sequence[Path], beam_size: int, max_len: int, threads: int | None) -> int:
-    """Print `path<TAB>caption` for each readable image; returns how many were skipped (reported on stderr)."""
-    runner = Runner(folder, threads)
-    readable, skipped = [], 0
-    for path in images:
-        try:
-            readable.append((path, runner.pixels(path)))
-        except (ImageError, ValueError) as err:
-            print(f"{PROG}: skipped: {err}", file=sys.stderr)
-            skipped += 1
-    for i in range(0, len(readable), 32):
-        chunk = readable[i: i + 32]
-        for (path, _), c in zip(chunk, runner.caption_pixels(np.stack([x for _, x in chunk]), beam_size, max_len)):
-            print(f"{path}\t{' '.join(c.words)}", flush=True)
-    return skipped
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: caption images with an ONNX export; exit status 0, 1 when an image was skipped, 2 on an error."""
-    parser = ArgumentParser(prog=PROG, description="Caption images with a model exported by captioning-export "
-                            "(ONNX Runtime and NumPy only; torch is not needed).",
-                            epilog=f"example: {PROG} exported/ photo.jpg other.png --beam-size 3")
-    parser.add_argument("folder", type=Path, help="the export folder (holds captioning.json)")
-    parser.add_argument("images", nargs="+", type=Path)
-    parser.add_argument("--beam-size", type=positive_int, default=3)
-    parser.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="ONNX Runtime intra-op threads")
-    args = parser.parse_args(argv)
-    skipped = run_cli(lambda: caption_files(args.folder, args.images, args.beam_size, args.max_len, args.threads),
-                      PROG, (ValueError, OSError, ImportError))
-    return 1 if skipped else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

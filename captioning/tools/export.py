@@ -4,7 +4,7 @@ Writes the encoder and one decoder step as separate graphs (ONNX, or TorchScript
 encoder.onnx, init.onnx (the attention's per-image keys and the decoder's initial state) and step.onnx, with
 captioning.json beside them (vocabulary, the encoder's preprocessing, grid and state layout; see
 captioning/export/manifest.py). Each graph is checked against the model before the folder is written. Caption from
-the folder with ONNX Runtime and NumPy only: `python -m captioning.export.runner DIR IMAGE...`. Prints each file
+the folder with ONNX Runtime and NumPy only: `captioning-run-export DIR IMAGE...`. Prints each file
 written with its size. A model that cannot be exported, a bad checkpoint or output folder: one `error:` line on
 stderr and exit status 2.
 """
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description="Export a trained checkpoint as an encoder graph and one decoder "
                             "step (ONNX or TorchScript) with its vocabulary and preprocessing in captioning.json.",
                             epilog="example: captioning-export --checkpoint outputs/<run>/checkpoints/best.pt "
-                            "--out exported/ && python -m captioning.export.runner exported/ photo.jpg")
+                            "--out exported/ && captioning-run-export exported/ photo.jpg")
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path, help="folder for the graphs and captioning.json")
     parser.add_argument("--format", choices=BACKENDS, default="onnx", dest="backend")

@@ -32,11 +32,11 @@ from captioning.export.exporter import export_checkpoint, export_model
 from captioning.export.graphs import preprocess_steps
 from captioning.export.manifest import FORMAT, MANIFEST
 from captioning.export.runner import Runner
-from captioning.export.runner import main as runner_main
 from captioning.models.captioner import Captioner, build_captioner
 from captioning.models.encoder import ResNetEncoder, SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.tools.export import main as export_main
+from captioning.tools.run_export import main as runner_main
 from captioning.training.trainer import Trainer
 
 SMALL = {"attention_dim": 16, "predictor_dim": 16, "num_heads": 2, "head_dim": 8, "num_filters": 4}

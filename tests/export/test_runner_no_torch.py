@@ -1,5 +1,5 @@
 """The export runner needs no torch: in a fresh interpreter where importing torch fails, it captions shapes images
-(library call and `python -m captioning.export.runner`) with the PyTorch model's captions.
+(library call and `captioning-run-export`, captioning/tools/run_export.py) with the PyTorch model's captions.
 
 The test process itself has torch loaded (conftest), so each check starts a new interpreter whose first act is to
 put a finder on sys.meta_path that refuses torch and torchvision, then reports which heavy packages got imported.
@@ -49,7 +49,7 @@ COMMAND = BLOCK + """
 import runpy
 sys.argv = ["runner", *sys.argv[1:]]
 try:
-    runpy.run_module("captioning.export.runner", run_name="__main__")
+    runpy.run_module("captioning.tools.run_export", run_name="__main__")
 finally:
     print("HEAVY", json.dumps(heavy()), file=sys.stderr)
 """
