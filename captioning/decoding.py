@@ -223,7 +223,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
             alpha = att.alpha
         cand = word_log_probs(logits, special).add_(scores.view(-1, 1)).view(b, k, -1)  # (b, k, V) raw log p
         V = cand.shape[2]
-        ends = cand[:, :, end].clone()  # (b, k) each beam's continuation by <end>
+        ends = cand[:, :, end].clone() if pool else cand[:, :, end]  # (b, k) each beam's continuation by <end>
         end_score, end_beam = ends.max(dim=1)  # (b,) the best one
         cand[:, :, end] = float("-inf")
         scores, flat = cand.view(b, k * V).topk(k, dim=1)  # (b, k) the k best live ones, best first
