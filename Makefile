@@ -1,6 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   - create .venv, install the package, train on the built-in `shapes` data set
 #   make test    - create .venv, install the package with its test tools, run the test suite (what CI runs)
+# Other test tiers: make test-fast - in-process tests only (no subprocesses, torchrun, notebook or browser;
+#   nor slow ones), for quick checks while editing; make test-all - everything, the slow tests included
 # Extra Hydra overrides: make train ARGS="attention=soft trainer.max_epochs=2"; pytest options: make test ARGS="-k resume"
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +13,7 @@ CPU_INDEX := https://download.pytorch.org/whl/cpu
 # (e.g. https://download.pytorch.org/whl/cu124), or TORCH_INDEX= for the default (PyPI's CUDA build on Linux).
 TORCH_INDEX ?= $(shell if ! command -v nvidia-smi >/dev/null 2>&1 && curl -sfI --max-time 5 $(CPU_INDEX)/torch/ >/dev/null 2>&1; then echo $(CPU_INDEX); fi)
 
-.PHONY: train test test-all lint install notebook clean
+.PHONY: train test test-fast test-all lint install notebook clean
 
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +32,9 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/pytest $(ARGS)
+
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/pytest -m "not slow and not integration" $(ARGS)
 
 test-all: $(VENV)/.installed-dev
 	$(BIN)/pytest -m "slow or not slow" $(ARGS)

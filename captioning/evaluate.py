@@ -11,15 +11,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.checkpoint import load_model
 from captioning.cli import fail, run_cli
 from captioning.config import validate_evaluate_config
 from captioning.config.overrides import check_overrides
-from captioning.data.build import build_datasets
 from captioning.data.features import open_features
-from captioning.models.captioner import compile_decoding, selects_regions
-from captioning.predict import decode_split, instance_correctness, load_instances, score_predictions
-from captioning.reporting.outputs import write_outputs
+from captioning.evaluation.split import EvalSettings, evaluate_split, load_instances
+from captioning.factory.checkpoints import load_model
+from captioning.factory.datasets import build_datasets
+from captioning.models.captioner import compile_decoding
 from captioning.runtime import CONF_DIR, resolve_device
 
 PROG = "captioning-evaluate"
@@ -48,15 +47,10 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     # A dataset section taken from the checkpoint may name a prepared set; it is opened if there, never written.
     _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
                              features=features, write_prepared=cfg.get("dataset") is not None)
-    ds = data[cfg.eval.split]
-    instances = load_instances(cfg.eval.get("instances"), ds)
-    preds = decode_split(model, ds, cfg.eval.beam_size, cfg.eval.max_len, cfg.eval.length_penalty, cfg.eval.batch_size)
-    metrics = {"split": cfg.eval.split, "beam_size": cfg.eval.beam_size,
-               **score_predictions(preds, ds, tuple(cfg.eval.metrics))}
-    if instances is not None:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
-        metrics.update(instance_correctness(preds, instances, model))
-    write_outputs(out_dir, preds, ds, metrics, cfg.eval.num_figures, selects_regions(model), model.encoder.view,
-                  report=cfg.eval.get("report", True))
+    ev = EvalSettings.of(cfg.eval)
+    instances = load_instances(ev.instances, data[ev.split])  # a wrong file fails before the long decode
+    metrics = evaluate_split(model, data[ev.split], ev, out_dir, instances)
+    assert metrics is not None  # one process decodes and scores the whole split
     return metrics
 
 

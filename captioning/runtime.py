@@ -1,5 +1,4 @@
-"""Where a process runs: the conf/ folder, the device, the seed, the chosen attention (one copy each, for every
-entry point)."""
+"""Where a process runs: the conf/ folder, the device, the seed (one copy each, for every entry point)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
 
 # The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -31,9 +28,3 @@ def set_seed(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-
-def attention_name(cfg: DictConfig) -> str:
-    """The attention config group's choice (e.g. 'soft'), for metrics.json and sweep tables."""
-    if HydraConfig.initialized():
-        return HydraConfig.get().runtime.choices.get("attention", "")
-    return str(cfg.attention._target_).rsplit(".", 1)[-1]

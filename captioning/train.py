@@ -1,27 +1,75 @@
-"""Train a captioner: `captioning-train [overrides]` (Hydra). With no arguments: soft attention on `shapes`."""
+"""Train a captioner: `captioning-train [overrides]` (Hydra). With no arguments: soft attention on `shapes`.
+
+`train(cfg, out_dir)` is the plain function the Hydra app wraps (the tests and the notebook call it): the config
+checked, the run folder locked, the run's parts built (captioning/factory/run.py) and handed to the Trainer."""
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import shlex
 import shutil
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.utils.tensorboard import SummaryWriter
 
 from captioning.cli import EXIT_INTERRUPTED, EXPECTED_ERRORS, fail, run_cli
+from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
-from captioning.runtime import CONF_DIR
+from captioning.factory.run import build_trainer
+from captioning.runtime import CONF_DIR, set_seed
 from captioning.training import distributed
-from captioning.training.run import train
-from captioning.training.run_folder import LOCK_NAME, RunFolderError
-from captioning.training.stop import TrainingInterrupted
+from captioning.training.run_folder import LOCK_NAME, RunFolderError, claim_run_folder
+from captioning.training.stop import StopRequest, TrainingInterrupted
 
 PROG = "captioning-train"
 HYDRA_FILES = (".hydra", LOCK_NAME)  # with *.log: what a launch leaves before the run itself writes anything
+logger = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Train, then evaluate the best checkpoint on the test split; returns the test metrics. The run holds its
+    folder's lock throughout; RunFolderError for a folder in use or holding a run it may not touch."""
+    validate_train_config(cfg)  # a typo or bad value fails here, naming the key, before any work
+    distributed.init_from_env()  # under torchrun: join the process group (a no-op in a plain process)
+    folder, resume_from = claim_run_folder(cfg, out_dir)
+    with folder or nullcontext():
+        return _train(cfg, out_dir, resume_from)
+
+
+def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str, Any]:
+    set_seed(cfg.seed)  # the same initial weights on every rank (a random encoder then matches its feature cache)
+    if not distributed.is_main():
+        logging.getLogger().setLevel(logging.WARNING)  # rank 0 reports progress, the others only warnings
+    trainer = build_trainer(cfg, out_dir)
+    if distributed.is_main():  # only rank 0 creates files; from here on the folder holds a run
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # what this run used, resolved
+    if distributed.rank() > 0:  # ranks draw their own dropout masks and samples (rank 0 keeps the plain run's stream)
+        set_seed(cfg.seed + distributed.rank())
+    if resume_from is not None:
+        trainer.resume(resume_from)  # its RNG states replace the seeded ones
+    elif cfg.get("init_from"):  # a new run from another run's weights (objective=scst after cross-entropy)
+        trainer.init_weights(Path(cfg.init_from))
+    elif trainer.objective.fine_tunes:
+        logger.warning("this objective fine-tunes a trained model but starts from random weights here; give it a "
+                       "cross-entropy run's checkpoint: init_from=<run>/checkpoints/best.pt")
+    with SummaryWriter(str(out_dir / "tensorboard")) if distributed.is_main() else distributed.NullWriter() as writer:
+        with StopRequest() as trainer.stop:  # Ctrl-C / SIGTERM: a resumable checkpoint, then TrainingInterrupted
+            try:
+                trainer.fit(writer)
+            except TrainingInterrupted:
+                trainer.write_curves()  # what the finished epochs show; history.json is written at each epoch's end
+                raise
+    metrics = trainer.test()
+    logger.info("test metrics: %s", json.dumps(metrics))
+    return metrics
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

@@ -28,7 +28,7 @@ from PIL import Image
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
-from captioning.models.captioner import build_captioner, model_config
+from captioning.factory.models import build_captioner, model_config
 from captioning.runtime import CONF_DIR
 from captioning.tools.caption import main as caption_main
 

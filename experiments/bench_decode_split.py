@@ -20,9 +20,9 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from captioning.checkpoint import load_model
-from captioning.data.build import build_datasets
 from captioning.data.dataset import CaptionDataset, collate
+from captioning.factory.checkpoints import load_model
+from captioning.factory.datasets import build_datasets
 
 
 def load_split(checkpoint: str, split: str) -> tuple[torch.nn.Module, CaptionDataset]:

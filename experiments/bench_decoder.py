@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
-from captioning.decoding import beam_search, greedy_decode
 from captioning.losses import caption_loss
 from captioning.models.attention import SoftAttention, tanh_
 from captioning.models.captioner import CompiledStep
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 
 SIZES = {"vgg": 512, "resnet": 2048}  # D

@@ -26,8 +26,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import captioning
+from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
-from captioning.models.captioner import build_captioner
 
 
 def best_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
@@ -86,7 +86,7 @@ def main() -> None:
     def decode(k: int) -> Any:
         if hasattr(model, "generate"):
             return model.generate(grids, beam_size=k, max_len=20)
-        from captioning.decoding import generate  # type: ignore[attr-defined]  # versions before Captioner.generate
+        from captioning.models.decoding import generate  # type: ignore[attr-defined]  # versions before Captioner.generate
         return generate(model, grids, beam_size=k, max_len=20)
 
     greedy, beam3 = (best_ms(lambda k=k: decode(k), max(5, args.repeats // 4), 1) for k in (1, 3))

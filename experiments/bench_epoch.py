@@ -20,9 +20,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import item_lengths, training_view
+from captioning.factory.run import build_trainer
 from captioning.runtime import CONF_DIR, set_seed
 from captioning.training import distributed
-from captioning.training.trainer import Trainer
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
             with initialize_config_dir(str(CONF_DIR), version_base=None):
                 cfg = compose("train", overrides=["trainer.progress=false", *variant.split()])
             set_seed(int(cfg.seed))
-            trainers[variant] = Trainer(cfg, Path(out) / str(len(trainers)))
+            trainers[variant] = build_trainer(cfg, Path(out) / str(len(trainers)))
         first = next(iter(trainers.values()))
         lengths = item_lengths(training_view(first.data["train"], first.cfg.dataset.batch_unit)[0])
         print(f"training items: caption length mean {lengths.mean():.2f}, sd {lengths.std():.2f}, "

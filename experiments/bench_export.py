@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioning.checkpoint import load_model
 from captioning.data.images import load_image
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.shapes import build_shapes
 from captioning.export.exporter import export_checkpoint
 from captioning.export.runner import Runner
+from captioning.factory.checkpoints import load_model
 from captioning.models.captioner import Captioner
 from captioning.tools.export import human_size
 

@@ -23,8 +23,8 @@ from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.features import extract_features
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
+from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
-from captioning.models.captioner import build_captioner
 
 WORDS = "a man woman dog cat sits runs on the grass beach street with red blue ball".split()
 

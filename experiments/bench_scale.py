@@ -41,7 +41,7 @@ def rss_mb():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
 import torch  # noqa: F401 (imported before the clock starts, as in a run)
 from omegaconf import OmegaConf
-from captioning.data.build import build_datasets
+from captioning.factory.datasets import build_datasets
 cfg = OmegaConf.create(json.loads(sys.argv[1]))
 base = rss_mb()
 start = time.perf_counter()
@@ -58,7 +58,7 @@ import json, sys, time
 import psutil, torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
-from captioning.data.build import build_datasets
+from captioning.factory.datasets import build_datasets
 from captioning.data.dataset import collate
 
 class ConstantGrid:  # stands in for a feature cache: every image is the same small (L, D) grid

@@ -12,8 +12,9 @@ import torch
 from fixtures import TINY_MODEL, compose_tiny_train
 
 from captioning.data.shapes import build_shapes
-from captioning.models.captioner import Captioner, build_captioner
-from captioning.training.run import train
+from captioning.factory.models import build_captioner
+from captioning.models.captioner import Captioner
+from captioning.train import train
 
 
 @pytest.fixture

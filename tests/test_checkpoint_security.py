@@ -24,13 +24,15 @@ from fixtures import TINY_MODEL
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from captioning.checkpoint import UnsafeCheckpointError, load_model, save_checkpoint
+from captioning.checkpoint import save_checkpoint
 from captioning.data.features import FeatureCache, extract_features
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
-from captioning.models import captioner, registry
-from captioning.models.captioner import build_captioner
+from captioning.factory import registry
+from captioning.factory.checkpoints import UnsafeCheckpointError, load_model
+from captioning.factory.models import build_captioner
+from captioning.models import captioner
 from captioning.runtime import CONF_DIR
 from captioning.tools import caption
 from captioning.tools import html as html_report
@@ -185,8 +187,8 @@ def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(datas
     """What a checkpoint of each data set and decoder stores passes the check (else its runs could not be loaded)."""
     from omegaconf import OmegaConf
 
-    from captioning.checkpoint import check_config
-    from captioning.models.captioner import model_config
+    from captioning.factory.checkpoints import check_config
+    from captioning.factory.models import model_config
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"dataset={dataset}", f"decoder={decoder}"])
@@ -195,7 +197,8 @@ def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(datas
 
 
 def test_no_module_on_the_load_path_can_import_a_name_from_a_file():
-    for module in (captioner, registry, sys.modules["captioning.checkpoint"]):
+    for module in (captioner, registry, *(sys.modules[f"captioning.{name}"] for name in
+                                         ("checkpoint", "factory.models", "factory.checkpoints"))):
         source = inspect.getsource(module)
         assert not re.search(r"\binstantiate\b|importlib|_locate|get_method|get_class|__import__", source), module
 
@@ -257,6 +260,7 @@ def _script(name: str, module: str) -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", module]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name, module", [("captioning-evaluate", "captioning.evaluate"),
                                           ("captioning-caption", "captioning.tools.caption")])
 def test_console_scripts_exit_nonzero_and_run_nothing(good_checkpoint, shapes_json, tmp_path, name, module):

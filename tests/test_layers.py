@@ -105,8 +105,8 @@ def test_there_are_no_import_cycles():
 
 def test_the_walk_sees_real_imports():
     # guards the test itself: known edges are found, with `from a import b` resolved to modules
-    assert "captioning.decoding" in GRAPH["captioning.models.captioner"]
-    assert "captioning.training.trainer" in GRAPH["captioning.training.run"]
+    assert "captioning.models.decoding" in GRAPH["captioning.models.captioner"]
+    assert "captioning.training.trainer" in GRAPH["captioning.factory.run"]
 
 
 def test_files_stay_small_and_the_top_level_short():
@@ -115,3 +115,48 @@ def test_files_stay_small_and_the_top_level_short():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+# The floors of ARCHITECTURE.md, lowest first: a module imports its own room and rooms on lower floors only, so
+# nothing runs back up. A room is a package of captioning/ or a top-level module ("init": captioning/__init__.py).
+FLOORS = [
+    {"init", "base", "runtime", "cli", "losses"},  # declarations and process helpers: import no other room
+    {"models"},  # the network and its decoding
+    {"data"},  # records, images, vocabulary, captions, the feature cache of an encoder
+    {"metrics", "checkpoint"},  # scores; the checkpoint file format
+    {"reporting"},  # figures and pages
+    {"evaluation"},  # a split decoded, scored and written
+    {"training"},  # the Trainer, objectives, what makes a run exact and distributed
+    {"factory"},  # the assembly: registry, builders, a run's parts
+    {"config", "inference", "export"},  # the config checker, the Python API, the exported model
+    {"train", "evaluate", "tools"},  # the apps
+]
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return "init" if len(parts) == 1 else parts[1]
+
+
+def test_every_room_has_a_floor():
+    assert {room(m) for m in MODULES} == set(FLOOR)
+
+
+def test_no_import_runs_back_up_a_floor():
+    upward = [(m, t) for m, targets in GRAPH.items() for t in targets if FLOOR[room(t)] > FLOOR[room(m)]]
+    assert not upward, f"imports that run back up a floor (see ARCHITECTURE.md): {upward}"
+
+
+def test_the_model_imports_neither_data_nor_training_and_config_no_model():
+    # what the floors imply, said as the rules they hold
+    for source, forbidden in (("models", {"data", "training", "factory", "config"}), ("config", {"models"}),
+                              ("base", set(FLOOR) - {"base"})):
+        bad = [(m, t) for m, targets in GRAPH.items() if room(m) == source for t in targets if room(t) in forbidden]
+        assert not bad, bad
+
+
+def test_no_two_rooms_import_each_other():
+    edges = {(room(m), room(t)) for m, targets in GRAPH.items() for t in targets if room(m) != room(t)}
+    mutual = sorted((a, b) for a, b in edges if (b, a) in edges and a < b)
+    assert not mutual, mutual

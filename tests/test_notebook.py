@@ -3,7 +3,10 @@
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.integration  # runs the notebook in a Jupyter kernel
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "demo.ipynb"
 

@@ -2,11 +2,11 @@
 
     schema.py       the groups without a `_target_` (dataset, trainer, eval, top-level keys): TypedDicts, no defaults
     targets.py      `_target_` groups: checked against their target's signature (registry or torch classes)
-    signature.py    binding a group's keys to a signature without calling it (shared with the checkpoint loader)
-    constraints.py  `Annotated[int, Range(ge=1)]`: a constraint written once, in the signature; `@constrained`
     check.py        the walk, and ConfigError
 
-Names are imported lazily, so the models and data readers can import constraints.py without the validator.
+The declarations it enforces (`Annotated[int, Range(ge=1)]`, signature binding) live on the ground floor,
+captioning/base/, so the models and data readers declare them without importing the checker. Names are imported
+lazily.
 """
 
 from __future__ import annotations

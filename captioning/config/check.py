@@ -5,7 +5,7 @@
 only place a default lives), whose fields are
 
 * plain values: bool, int, float, str, `X | None`, `Literal`, `list[X]`, with constraints as in a signature
-  (`Annotated[int, Range(ge=1)]`, captioning/config/constraints.py); a field is required unless `NotRequired`;
+  (`Annotated[int, Range(ge=1)]`, captioning/base/constraints.py); a field is required unless `NotRequired`;
 * nested groups (another TypedDict);
 * `Target` (or `Target | None`, where `{}` or null means no group): a `_target_` group, checked against its target's
   signature (captioning/config/targets.py). A `_target_` group the schema does not name (a group added to conf/
@@ -25,7 +25,7 @@ from typing import Any, Union, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from captioning.config.constraints import Problem, did_you_mean, split_annotated, value_problems
+from captioning.base.constraints import Problem, did_you_mean, split_annotated, value_problems
 from captioning.config.targets import target_problems
 
 Rules = Callable[[Mapping[str, Any]], Iterator[Problem]]

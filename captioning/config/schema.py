@@ -13,7 +13,7 @@ Where each fact lives:
   TypedDicts below hold none, and cannot: a TypedDict has no defaults);
 * `_target_` groups (encoder, attention, decoder, optim, scheduler, dataset.generate, dataset.reader, and any added
   later): nothing here but `Target`. Their keys are checked against the signature of the class they name, with the
-  constraints the class declares there (captioning/config/targets.py, captioning/config/constraints.py), so the
+  constraints the class declares there (captioning/config/targets.py, captioning/base/constraints.py), so the
   constructor and the validator share one copy of each range;
 * the groups without a target (dataset, trainer, eval and the top-level keys of train.yaml and evaluate.yaml): the
   small typed schema below, with their cross-key rules (files that must exist, the monitored metric).
@@ -30,12 +30,13 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 import yaml
 from omegaconf import DictConfig
 
+from captioning.base.constraints import OneOf, Pattern, Problem, Range, choose_one
+from captioning.base.signature import file_parameters
+
 # ConfigError is what validate_*_config raise, importable from here next to them.
 from captioning.config.check import ConfigError, Target, extra_keys_for, rules_for, validate  # noqa: F401
-from captioning.config.constraints import OneOf, Pattern, Problem, Range, choose_one
-from captioning.config.signature import file_parameters
+from captioning.factory import registry
 from captioning.metrics.coco import VALID_METRICS
-from captioning.models import registry
 from captioning.runtime import CONF_DIR
 
 # The metrics validation computes (what trainer.monitor may name) and the metrics scoring knows.

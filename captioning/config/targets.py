@@ -2,12 +2,12 @@
 
 A group with a `_target_` (encoder, attention, decoder, optim, scheduler, dataset.generate, dataset.reader, and any
 `_target_` group added later) has no schema of its own: its keys are bound to the signature of the class or
-function it names (captioning/config/signature.py), so unknown keys, types, choices, the constraints declared in
+function it names (captioning/base/signature.py), so unknown keys, types, choices, the constraints declared in
 the signature (`Annotated[int, Range(ge=1)]`) and missing arguments are reported before anything is built.
 
 Where the target is looked up, by the group's config key:
 
-* the registry (captioning/models/registry.py): the group whose config key it is (`registry.group_at`): the only
+* the registry (captioning/factory/registry.py): the group whose config key it is (`registry.group_at`): the only
   encoders, attentions, decoders, data set generators and readers there are. A new `_target_` group (say
   `objective`) gets one dict in `registry.GROUPS` and is validated from then on, with no edit here or in the schema;
 * `optim` and `scheduler`: the classes of torch.optim and torch.optim.lr_scheduler, looked up by name in those two
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from captioning.config.constraints import Constraint, OneOf, Problem, Range, choose_one
-from captioning.config.signature import argument_problems
-from captioning.models import registry
+from captioning.base.constraints import Constraint, OneOf, Problem, Range, choose_one
+from captioning.base.signature import argument_problems
+from captioning.factory import registry
 
 # config key -> (module, base class, arguments the trainer passes itself); such groups are built later (_partial_).
 TORCH_GROUPS: dict[str, tuple[Any, type, tuple[str, ...]]] = {
@@ -55,7 +55,8 @@ def targets_at(key: str) -> tuple[Mapping[str, Callable[..., Any]], tuple[str, .
     """What the group at config key `key` may name, the arguments its builder passes, and where a new one goes."""
     group = registry.group_at(key)
     if group is not None:
-        return registry.GROUPS[group], registry.BUILDER_ARGS.get(group, ()), "its line in captioning/models/registry.py"
+        where = "its line in captioning/factory/registry.py"
+        return registry.GROUPS[group], registry.BUILDER_ARGS.get(group, ()), where
     if key in TORCH_GROUPS:
         return torch_classes(key), TORCH_GROUPS[key][2], f"a class of {TORCH_GROUPS[key][0].__name__}"
     return None
@@ -67,7 +68,7 @@ def target_problems(v: Mapping[str, Any], key: str) -> Iterator[Problem]:
     if found is None:
         known = ", ".join([registry.CONFIG_KEYS.get(g, g) for g in registry.GROUPS] + list(TORCH_GROUPS))
         yield key, (f"a _target_ group this project cannot check (those it can: {known}); give it a group in "
-                    "captioning/models/registry.py GROUPS")
+                    "captioning/factory/registry.py GROUPS")
         return
     table, reserved, where = found
     target = v.get("_target_")

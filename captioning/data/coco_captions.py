@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 from pycocotools.coco import COCO
 
-from captioning.config.constraints import File, Range, constrained
+from captioning.base.constraints import File, Range, constrained
 from captioning.data.jsonio import is_id, load_json
 from captioning.data.records import SPLITS, ImageRecord
 from captioning.data.vocab import tokenize

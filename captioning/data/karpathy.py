@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
-from captioning.config.constraints import File
+from captioning.base.constraints import File
 from captioning.data.jsonio import is_id, load_json
 from captioning.data.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from captioning.config.signature import file_parameters
+from captioning.base.signature import file_parameters
 from captioning.data.captions import CaptionTable
 from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.records import SPLITS, ImageRecord, collector_paused

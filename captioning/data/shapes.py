@@ -18,7 +18,7 @@ from typing import Annotated, Any, cast
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioning.config.constraints import Range, constrained
+from captioning.base.constraints import Range, constrained
 from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.shapes_captions import (  # noqa: F401 (re-exported)
     COLOURS,

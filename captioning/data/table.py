@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Annotated, Any
 
-from captioning.config.constraints import File, Range, choose_one, constrained
+from captioning.base.constraints import File, Range, choose_one, constrained
 from captioning.data.jsonio import is_id
 from captioning.data.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize

@@ -7,8 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
-SPECIALS = (PAD, START, END, UNK)
+from captioning.base.tokens import END, END_ID, PAD, PAD_ID, SPECIALS, START, START_ID, UNK, UNK_ID  # noqa: F401
 
 # Tokens that are pure punctuation are dropped, as coco-caption does before scoring.
 _punct = re.compile(r"^[^\w]+$")
@@ -51,7 +50,7 @@ class Vocabulary:
         self.itos: list[str] = list(words)
         self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
 
-    pad_id, start_id, end_id, unk_id = 0, 1, 2, 3
+    pad_id, start_id, end_id, unk_id = PAD_ID, START_ID, END_ID, UNK_ID
 
     @classmethod
     def build(cls, captions: Iterable[Sequence[str]], min_freq: int = 1, max_size: int | None = None) -> Vocabulary:

@@ -4,7 +4,7 @@
     graphs.py      (torch)  the graph modules and what makes the model's code traceable
     manifest.py             captioning.json: format, files, vocabulary, preprocessing, grid, state layout
     preprocess.py           the encoder's transform() as data, applied with PIL and NumPy
-    search.py               greedy decoding and beam search in NumPy (ports of captioning.decoding)
+    search.py               greedy decoding and beam search in NumPy (ports of captioning.models.decoding)
     runner.py               `Runner(folder).caption(images)`: ONNX Runtime + NumPy + PIL, no torch
     torchscript.py (torch)  TorchScript folders for the runner
 

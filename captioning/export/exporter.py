@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 import captioning
-from captioning.checkpoint import load_model
 from captioning.data.vocab import Vocabulary
 from captioning.export.graphs import (
     EncoderGraph,
@@ -38,6 +37,7 @@ from captioning.export.graphs import (
 from captioning.export.manifest import BACKENDS, MANIFEST, SUFFIX, Manifest, graph_names, write_manifest
 from captioning.export.preprocess import check_steps
 from captioning.export.runner import Runner
+from captioning.factory.checkpoints import load_model
 from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
 

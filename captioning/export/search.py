@@ -1,6 +1,6 @@
-"""Greedy decoding and beam search in NumPy over exported graphs: the captions of `captioning.decoding`, word for word.
+"""Greedy decoding and beam search in NumPy over exported graphs: the captions of `models/decoding.py`, word for word.
 
-These are ports of `captioning.decoding.greedy_decode` and `beam_search` (the reference; keep the two in step), for
+These are ports of `models.decoding.greedy_decode` and `beam_search` (the reference; keep the two in step), for
 any `Steps` backend (ONNX Runtime sessions, or TorchScript modules in the tests): the same renormalised word
 log-probabilities (without <start> and <pad>), the same pool of finished captions, stop rule, length penalty,
 max_len candidates, tie rules (the first beam on equal <end> scores, the first word on equal greedy scores; a
@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from captioning.config.constraints import check_decoding
+from captioning.base.constraints import check_decoding
 
 PAD, START, END = 0, 1, 2  # captioning.data.vocab.Vocabulary's ids (the manifest's vocab starts with them)
 NEG_INF = np.float32(-np.inf)
@@ -44,7 +44,7 @@ class Found:
 
 
 def word_log_probs(logits: np.ndarray) -> np.ndarray:
-    """log p(word) (N, V) renormalised without <start> and <pad>, as `captioning.decoding.word_log_probs`."""
+    """log p(word) (N, V) renormalised without <start> and <pad>, as `captioning.models.decoding.word_log_probs`."""
     x = logits.astype(np.float32, copy=True)
     x[:, [START, PAD]] = NEG_INF
     shifted = x - x.max(axis=1, keepdims=True)
@@ -108,7 +108,7 @@ def _backtrack(tokens: np.ndarray, parents: np.ndarray, alphas: np.ndarray, leng
 
 
 def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0) -> list[Found]:
-    """Batched beam search with a pool of finished captions per image (rules: `captioning.decoding.beam_search`)."""
+    """Batched beam search with a pool of finished captions per image (rules: `models.decoding.beam_search`)."""
     check_decoding(beam_size, max_len, length_penalty)
     (B, L), k, lp = a.shape[:2], beam_size, float(length_penalty)
     keys, state = steps.init(a)

@@ -26,9 +26,9 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from captioning.checkpoint import load_model
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
+from captioning.factory.checkpoints import load_model
 from captioning.models.captioner import Captioner, selects_regions
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
 from captioning.runtime import resolve_device

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from captioning.config.constraints import Range, constrained
+from captioning.base.constraints import Range, constrained
 
 TestMode = Literal["expectation", "argmax", "sample"]  # hard attention at test time
 

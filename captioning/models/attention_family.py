@@ -32,7 +32,7 @@ from typing import Annotated, Literal
 import torch
 from torch import nn
 
-from captioning.config.constraints import Range, constrained
+from captioning.base.constraints import Range, constrained
 from captioning.models.attention import (
     Attention,
     AttentionOutput,

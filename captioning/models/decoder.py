@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import torch
 from torch import nn
 
-from captioning.config.constraints import Range, constrained
+from captioning.base.constraints import Range, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.packing import StepPlan
 from captioning.models.unrolled import UnrolledLSTM, autocast_input

@@ -12,7 +12,7 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
-from captioning.config.constraints import Range, constrained
+from captioning.base.constraints import Range, constrained
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from captioning.config.constraints import constrained
+from captioning.base.constraints import constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.decoder import (
     DecoderOutput,

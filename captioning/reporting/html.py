@@ -24,10 +24,9 @@ from PIL import Image
 
 from captioning.data.dataset import CaptionDataset
 from captioning.data.images import ImageError, load_image
-from captioning.predict import Prediction
 from captioning.reporting.curves import CURVES_NAME
 from captioning.reporting.figures import chosen_regions
-from captioning.reporting.items import ReportItem
+from captioning.reporting.items import Prediction, ReportItem
 from captioning.reporting.page import THUMB_SIDE, render_page
 
 logger = logging.getLogger(__name__)

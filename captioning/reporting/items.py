@@ -1,12 +1,31 @@
-"""What the report's pages show per image: the data type shared by the page renderer and its builders."""
+"""What the report's pages show per image: a decoded image (`Prediction`, what `evaluation` produces) and a report
+row (`ReportItem`, what the page renderer draws)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Prediction:
+    """One decoded image: its caption and the (T, h, w) attention maps of its words."""
+
+    index: int
+    image_id: int
+    words: list[str]
+    alphas: torch.Tensor  # (T, h, w)
+    scores: dict[str, float] = field(default_factory=dict)  # per-image metrics, once scored
+
+    @property
+    def caption(self) -> str:
+        return " ".join(self.words)
 
 
 @dataclass

@@ -25,7 +25,7 @@ def _sort_key(value: Any) -> str:
     return repr(value) if ok else ""
 
 
-# The attention drawing report.html and the demo page (captioning/reporting/demo_page.py) share:
+# The attention drawing report.html and the demo page (captioning/inference/demo_page.py) share:
 # drawAttention(canvas, base, e, t) draws word t's map of an entry {h, w, maps: base64 uint8 (T, h, w), regions?} on
 # the canvas laid over the image `base`, as described below (t === null clears it).
 HEATMAP_JS = """

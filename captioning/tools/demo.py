@@ -1,6 +1,6 @@
 """Caption your own images in a browser: `captioning-demo --checkpoint best.pt [--port 8000] [--host 127.0.0.1]`.
 
-Serves one local page (captioning/reporting/demo_page.py) where an image is chosen or dropped; the page POSTs its
+Serves one local page (captioning/inference/demo_page.py) where an image is chosen or dropped; the page POSTs its
 bytes to /caption and shows the caption, the beam's alternatives with their log-probabilities, and each word's
 attention map on hover. The server is the standard library's ThreadingHTTPServer: no dependency, bound to
 127.0.0.1 unless --host says otherwise (`--port 0` picks a free port; the URL is printed).
@@ -35,8 +35,8 @@ from PIL import Image
 import captioning
 from captioning.cli import ArgumentParser, one_line, positive_int, run_cli
 from captioning.data.images import ImageError, load_image
+from captioning.inference.demo_page import MB, render_demo_page, result_payload, too_large_message
 from captioning.inference.model import CaptionModel
-from captioning.reporting.demo_page import MB, render_demo_page, result_payload, too_large_message
 
 PROG = "captioning-demo"
 DRAIN_MAX = 64 * MB  # an over-limit body up to this size is read and dropped, so the browser sees the 413, not a reset

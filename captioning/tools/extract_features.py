@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from captioning.cli import run_cli, writable_dir
 from captioning.config.overrides import check_overrides
-from captioning.data.build import load_records
 from captioning.data.features import FeatureCache, check_frozen, extract_features
-from captioning.models.captioner import build_encoder
+from captioning.factory.datasets import load_records
+from captioning.factory.models import build_encoder
 from captioning.runtime import CONF_DIR, resolve_device, set_seed
 
 logger = logging.getLogger(__name__)

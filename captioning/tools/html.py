@@ -60,7 +60,7 @@ def build_report(args: argparse.Namespace) -> Path:
     attention, mark = load_attention(args.attention) if args.attention else (None, False)
     view = None
     if args.checkpoint is not None:
-        from captioning.checkpoint import load_model  # torch model building only when asked for
+        from captioning.factory.checkpoints import load_model
 
         view = load_model(args.checkpoint)[0].encoder.view
     items = items_from_results(results, refs, scores.per_image, paths, attention, mark, view)

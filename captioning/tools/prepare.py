@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 from captioning.cli import ArgumentParser, run_cli, writable_dir, writable_file
 from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
-from captioning.data.build import load_records, load_table
 from captioning.data.records import SPLITS
+from captioning.factory.datasets import load_records, load_table
 from captioning.runtime import CONF_DIR
 
 logger = logging.getLogger(__name__)

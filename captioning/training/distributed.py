@@ -28,7 +28,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from captioning.data.dataset import CaptionDataset
+from captioning.evaluation.split import decode_split as decode_whole
 from captioning.losses import MovingAverageBaseline
+from captioning.models.captioner import Captioner
+from captioning.reporting.items import Prediction
 
 T = TypeVar("T")
 
@@ -203,6 +207,19 @@ def shard(dataset: T) -> T:
     part.encoded = dataset.encoded[rank()::world_size()]  # type: ignore[attr-defined]
     return part
 
+
+
+def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
+                 batch_size: int, progress: bool) -> list[Prediction] | None:
+    """evaluation's decode_split, sharded: each rank decodes its 1/N of the split and rank 0 receives every
+    prediction in data set order, exactly those of a single-process decode; the other ranks get None."""
+    if not initialized():
+        return decode_whole(model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
+    preds = decode_whole(model, shard(dataset), beam_size, max_len, length_penalty, batch_size, progress)
+    for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
+        p.index, p.alphas = rank() + world_size() * p.index, p.alphas.cpu()
+    parts = gather_objects(preds)
+    return sorted((p for part in parts for p in part), key=lambda p: p.index) if parts is not None else None
 
 class GlobalMeanBaseline(MovingAverageBaseline):
     """The REINFORCE moving-average baseline kept identical on every rank.

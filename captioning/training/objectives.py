@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import torch
 from torch import nn
 
-from captioning.config.constraints import Range, constrained
+from captioning.base.constraints import Range, constrained
 from captioning.data.vocab import Vocabulary
 from captioning.losses import (
     LossTerms,

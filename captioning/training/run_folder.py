@@ -26,6 +26,10 @@ import shutil
 import time
 from pathlib import Path
 
+from omegaconf import DictConfig
+
+from captioning.training import distributed
+
 logger = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 KEPT = (LOCK_NAME, ".hydra")  # never moved aside: the lock itself and the Hydra files of this launch
@@ -161,3 +165,21 @@ class RunFolder:
             path.unlink()
             logger.info("removed %s, an unfinished checkpoint write of an interrupted run", path)
         return stale
+
+
+def claim_run_folder(cfg: DictConfig, out_dir: Path) -> tuple[RunFolder | None, Path | None]:
+    """Rank 0 locks the run folder and applies its policy (captioning.training.run_folder); every rank gets the
+    checkpoint to resume from (None: a new run), or the same RunFolderError. Returns rank 0's locked folder (else
+    None)."""
+    if not distributed.is_main():
+        outcome = distributed.broadcast_object(None)
+        if isinstance(outcome, RunFolderError):
+            raise RunFolderError(str(outcome))
+        return None, outcome
+    folder = RunFolder(out_dir)
+    try:
+        resume_from = folder.claim(cfg.resume, bool(cfg.get("overwrite", False)))
+    except RunFolderError as err:
+        distributed.broadcast_object(err)
+        raise
+    return folder, distributed.broadcast_object(resume_from)

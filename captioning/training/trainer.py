@@ -12,34 +12,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
-from captioning.data.build import build_datasets
 from captioning.data.dataset import Batch, CaptionDataset, item_lengths, training_view
-from captioning.data.features import open_features
 from captioning.data.vocab import Vocabulary
+from captioning.evaluation.split import evaluate_split, score_predictions
 from captioning.losses import LossTerms, MovingAverageBaseline
-from captioning.models import registry
-from captioning.models.captioner import (
-    Captioner,
-    build_captioner,
-    build_encoder,
-    compile_decoding,
-    model_config,
-    selects_regions,
-)
-from captioning.predict import Prediction, decode_split, instance_correctness, load_instances, score_predictions
+from captioning.models.captioner import Captioner, selects_regions
 from captioning.reporting.curves import CURVES_NAME, plot_history
-from captioning.reporting.outputs import write_outputs
-from captioning.runtime import attention_name, resolve_device
+from captioning.reporting.items import Prediction
 from captioning.training import distributed, precision, randomness, schedule
-from captioning.training.objectives import CrossEntropy, LossContext, LossSettings
+from captioning.training.objectives import LossContext, LossSettings
+from captioning.training.parts import RunParts
 from captioning.training.stop import StopRequest, TrainingInterrupted
 
 logger = logging.getLogger(__name__)
@@ -48,63 +36,47 @@ logger = logging.getLogger(__name__)
 class Trainer:
     """Holds the training state so that it can be checkpointed and resumed as one piece."""
 
-    objective: Any = CrossEntropy()  # what `loss` computes; __init__ builds the configured one (objective=...)
-
-    def __init__(self, cfg: DictConfig, out_dir: Path):
-        self.cfg, self.out_dir, self.tc = cfg, out_dir, cfg.trainer
-        if spec := cfg.get("objective"):  # conf/objective/ (none: the class's cross-entropy); a bad one fails at once
-            self.objective = registry.build("objective", OmegaConf.to_container(spec, resolve=True))
-        self.device = distributed.local_device(resolve_device(cfg.device))  # under torchrun: cuda:LOCAL_RANK
+    def __init__(self, parts: RunParts, out_dir: Path):
+        self.parts, self.out_dir, self.tc, self.ev = parts, out_dir, parts.trainer, parts.eval
+        self.model: Captioner = parts.model
+        self.vocab, self.data, self.objective = parts.vocab, parts.data, parts.objective
+        self.optimizer, self.scheduler, self.instances = parts.optimizer, parts.scheduler, parts.instances
+        self.device, self.amp_dtype = parts.device, parts.amp_dtype
         self.is_main = distributed.is_main()  # rank 0 (or the only process) writes every file
-        self.amp_dtype = precision.autocast_dtype(self.tc.get("precision", "fp32"), self.device)
-        with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
-            encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before data is read
-            # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
-            features = open_features(cfg.dataset.get("features"), encoder, model_config(cfg)["encoder"])
-            self.vocab, self.data = build_datasets(cfg.dataset, encoder.transform(), ["train", "val", cfg.eval.split],
-                                                   features=features)
-        self.objective.prepare(self.data["train"])  # objective=scst: the reward's references, tokenized once
-        self.model: Captioner = build_captioner(model_config(cfg), len(self.vocab), encoder).to(self.device)
-        compile_decoding(self.model, bool(cfg.eval.get("compile", False)))  # validation and test decoding
-        if distributed.world_size() > 1 and self.device.type == "cuda":  # BatchNorm statistics of the global batch
-            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the test split
-        self.instances = load_instances(cfg.eval.get("instances"), self.data[cfg.eval.split]) if self.is_main else None
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = instantiate(cfg.optim)(params)
-        sched = cfg.get("scheduler")
-        self.scheduler = instantiate(sched)(self.optimizer) if sched and sched.get("_target_") else None
         self.epoch, self.step, self.best, self.bad_epochs = 0, 0, float("-inf"), 0
         self.history: list[dict[str, Any]] = []
         self.train_seconds, self.epoch_started = 0.0, time.monotonic()
         # Mid-epoch: where the epoch in progress stands (batches done, running sums), so a checkpoint taken there
         # resumes at the next batch; None between epochs.
         self.position: dict[str, Any] | None = None
-        self.stop = StopRequest()  # run.train installs its signal handlers around fit(); inactive otherwise
+        self.stop = StopRequest()  # train() installs its signal handlers around fit(); inactive otherwise
         decay = self.tc.reinforce.baseline_decay  # under torchrun: one baseline of the global batch on every rank
         synced = distributed.initialized()
         self.baseline = distributed.GlobalMeanBaseline(decay) if synced else MovingAverageBaseline(decay)
         self.ckpt_dir = out_dir / "checkpoints"
         self.scaler = precision.grad_scaler(self.amp_dtype, self.device)  # fp16 only; bf16 needs no loss scaling
-        # The loss runs through `forward_model`: the objective's view of the model (the captioner itself, or for
-        # objective=scst a module whose forward samples captions), under torchrun wrapped in DDP, which averages
-        # gradients over the ranks during backward. Decoding and checkpoints use `self.model`, the plain captioner.
-        self.forward_model: torch.nn.Module = self.objective.wrap(self.model)
         self.step_stats: dict[str, float] = {}  # what the objective logs besides the loss terms, for the last step
         self.loss_settings = LossSettings.of(self.tc)  # read from the config once, not at every step
-        if distributed.initialized():
-            self.forward_model = DistributedDataParallel(
-                self.forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                # hard attention switches graphs per batch; a feature cache leaves the encoder out of the forward
-                find_unused_parameters=selects_regions(self.model) or features is not None)
-        logger.info("model: %.2fM trainable parameters on %s", sum(p.numel() for p in params) / 1e6, self.device)
+        self.forward_model = self.wrap_forward()
+        params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        logger.info("model: %.2fM trainable parameters on %s", params / 1e6, self.device)
+
+    def wrap_forward(self) -> torch.nn.Module:
+        """The module the loss runs through: the objective's view of the model (the captioner itself, or for
+        objective=scst a module whose forward samples captions), under torchrun wrapped in DDP, which averages
+        gradients over the ranks during backward. Decoding and checkpoints use `self.model`, the plain captioner."""
+        forward = self.objective.wrap(self.model)
+        if not distributed.initialized():
+            return forward
+        return DistributedDataParallel(
+            forward, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            # hard attention switches graphs per batch; a feature cache leaves the encoder out of the forward
+            find_unused_parameters=selects_regions(self.model) or self.parts.uses_features)
 
     # -- checkpoints -------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
         """Resolved config stored in every checkpoint."""
-        resolved = OmegaConf.to_container(self.cfg, resolve=True)
-        assert isinstance(resolved, dict)
-        return {**resolved, "model": model_config(self.cfg)}
+        return self.parts.config
 
     def training_state(self) -> dict[str, Any]:
         """Everything but the weights that decides the rest of the run: optimizer, schedule, counters, early
@@ -135,7 +107,7 @@ class Trainer:
     def read_same_model(self, path: Path, action: str, advice: str) -> dict[str, Any]:
         """Read a checkpoint of this run's model config and vocabulary and load its weights; refuse any other."""
         ckpt = read_checkpoint(path, map_location=self.device)
-        if ckpt["config"]["model"] != model_config(self.cfg) or Vocabulary(ckpt["vocab"]) != self.vocab:
+        if ckpt["config"]["model"] != self.parts.config["model"] or Vocabulary(ckpt["vocab"]) != self.vocab:
             raise ValueError(f"cannot {action} {path}: it was trained with a different model config or "
                              f"vocabulary; {advice}")
         self.model.load_state_dict(ckpt["model"])
@@ -195,13 +167,13 @@ class Trainer:
         batches. Under torchrun each rank reads its own 1/N of the epoch (DistributedSampler, set_epoch), so the
         global batch is N x dataset.batch_size images (dataset.batch_unit=captions: captions, each distinct
         image of a batch encoded once). dataset.length_buckets: batches of similar caption lengths."""
-        dc, seed = self.cfg.dataset, int(self.cfg.seed)
-        ds, collate = training_view(self.data["train"], dc.get("batch_unit", "images"))
+        dc, seed = self.parts.loader, self.parts.seed
+        ds, collate = training_view(self.data["train"], dc.batch_unit)
         sampler: DistributedSampler | None = None
         if distributed.initialized():
             sampler = DistributedSampler(ds, shuffle=True, seed=seed, drop_last=False)
             sampler.set_epoch(self.epoch)
-        buckets = dc.get("length_buckets")
+        buckets = dc.length_buckets
         lengths = item_lengths(ds) if buckets else None
         batches = randomness.epoch_batches(len(ds), dc.batch_size, seed, self.epoch, distributed.rank(), sampler,
                                            lengths, buckets)
@@ -265,27 +237,19 @@ class Trainer:
         return distributed.pooled_means(sums, n) | {"skipped_images": num_skipped}, out_of_time
 
     def decode(self, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
-               batch_size: int) -> list[Prediction]:
-        """decode_split of a whole split. Under torchrun each rank decodes its 1/N shard and rank 0 receives all
-        predictions in data set order, exactly those of a single-process decode; the other ranks get []."""
+               batch_size: int) -> list[Prediction] | None:
+        """decode_split of a whole split, on every rank its shard under torchrun (rank 0 gets all predictions,
+        the others None), without moving training's random streams (e.g. test_mode=sample)."""
         progress = self.tc.progress and self.is_main
-        with randomness.forked(self.device):  # decoding (e.g. test_mode=sample) leaves training's streams alone
-            if not distributed.initialized():
-                return decode_split(self.model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
-            preds = decode_split(self.model, distributed.shard(dataset), beam_size, max_len, length_penalty,
-                                 batch_size, progress)
-        rank, world = distributed.rank(), distributed.world_size()
-        for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
-            p.index, p.alphas = rank + world * p.index, p.alphas.cpu()
-        parts = distributed.gather_objects(preds)
-        return sorted((p for part in parts for p in part), key=lambda p: p.index) if parts is not None else []
+        with randomness.forked(self.device):
+            return distributed.decode_split(self.model, dataset, beam_size, max_len, length_penalty, batch_size,
+                                            progress)
 
     def validate(self) -> dict[str, Any]:
         """Decode the validation split (real decoding) and score it; every rank gets rank 0's scores, so early
         stopping and the LR schedule take the same decisions everywhere."""
-        preds = self.decode(self.data["val"], self.tc.val_beam_size, self.cfg.eval.max_len, 0.0,
-                            self.cfg.eval.batch_size)
-        val = score_predictions(preds, self.data["val"], ("bleu", "cider")) if self.is_main else None
+        preds = self.decode(self.data["val"], self.tc.val_beam_size, self.ev.max_len, 0.0, self.ev.batch_size)
+        val = score_predictions(preds, self.data["val"], ("bleu", "cider")) if preds is not None else None
         return distributed.broadcast_object(val)  # type: ignore[arg-type]  # rank 0's scores on every rank
 
     def fit(self, writer: SummaryWriter | distributed.NullWriter) -> None:
@@ -299,8 +263,9 @@ class Trainer:
             self.epoch += 1
             self.train_seconds += time.monotonic() - self.epoch_started
             if self.tc.monitor not in val:
-                raise ValueError(f"trainer.monitor={self.tc.monitor} is not available on {self.cfg.dataset.name} "
-                                 "(attention correctness needs object boxes); monitor CIDEr or BLEU instead")
+                dataset = self.parts.run_info["dataset"]
+                raise ValueError(f"trainer.monitor={self.tc.monitor} is not available on {dataset} (attention "
+                                 "correctness needs object boxes); monitor CIDEr or BLEU instead")
             score = float(val[self.tc.monitor])
             self.history.append({"epoch": self.epoch, "step": self.step, **losses,
                                  **{f"val_{k}": v for k, v in val.items() if isinstance(v, (int, float))}})
@@ -327,22 +292,16 @@ class Trainer:
                                           self.ckpt_dir / "last.pt")
 
     def test(self) -> dict[str, Any]:
-        """Evaluate the best checkpoint on the test split with the eval settings; rank 0 writes metrics.json and
-        the figures; every rank returns the metrics."""
+        """Evaluate the best checkpoint on the test split with the eval settings (evaluate_split); rank 0 writes
+        metrics.json and the figures; every rank returns the metrics."""
         distributed.barrier()  # rank 0 has written best.pt
         best = read_checkpoint(self.ckpt_dir / "best.pt", map_location=self.device)
         self.model.load_state_dict(best["model"])
-        ev, ds = self.cfg.eval, self.data[self.cfg.eval.split]
-        preds = self.decode(ds, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size)
-        if not self.is_main:
-            return distributed.broadcast_object(None)  # type: ignore[arg-type]  # rank 0's metrics arrive
-        metrics = {"attention": attention_name(self.cfg), "dataset": self.cfg.dataset.name, "split": ev.split,
-                   "beam_size": ev.beam_size, **score_predictions(preds, ds, tuple(ev.metrics)),
-                   "best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch,
-                   "train_seconds": round(self.train_seconds, 1)}
-        if self.instances is not None:  # eval.instances: attention correctness on COCO instance masks
-            metrics.update(instance_correctness(preds, self.instances, self.model))
         self.write_curves()  # embedded in report.html
-        write_outputs(self.out_dir, preds, ds, metrics, ev.num_figures, selects_regions(self.model),
-                      self.model.encoder.view, report=ev.get("report", True))
-        return distributed.broadcast_object(metrics)
+        after = {"best_epoch": best["epoch"], f"val_{self.tc.monitor}": self.best, "epochs": self.epoch,
+                 "train_seconds": round(self.train_seconds, 1)}
+        metrics = evaluate_split(self.model, self.data[self.ev.split], self.ev, self.out_dir, self.instances,
+                                 before=self.parts.run_info, after=after,
+                                 decode=lambda model, ds, ev: self.decode(ds, ev.beam_size, ev.max_len,
+                                                                          ev.length_penalty, ev.batch_size))
+        return distributed.broadcast_object(metrics)  # type: ignore[arg-type]  # rank 0's metrics on every rank

@@ -17,7 +17,7 @@ from captioning.losses import MovingAverageBaseline
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoder import DecoderOutput
 from captioning.runtime import CONF_DIR
-from captioning.training.objectives import LossSettings
+from captioning.training.objectives import CrossEntropy, LossSettings
 from captioning.training.trainer import Trainer
 
 CONF = CONF_DIR
@@ -119,6 +119,7 @@ def _trainer(cfg, attention, out: DecoderOutput, baseline: float | None) -> Trai
     """A Trainer with only what Trainer.loss reads: the preset's trainer section, its attention, a fixed forward."""
     trainer = object.__new__(Trainer)
     trainer.tc, trainer.device, trainer.amp_dtype = cfg.trainer, torch.device("cpu"), None
+    trainer.objective = CrossEntropy()
     trainer.model = SimpleNamespace(decoder=SimpleNamespace(attention=attention))
     trainer.forward_model = lambda images, captions, image_index, lengths=None: out
     trainer.baseline = MovingAverageBaseline(cfg.trainer.reinforce.baseline_decay)

@@ -17,12 +17,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from captioning import evaluate, train
+from captioning.base.constraints import Range, constrained
 from captioning.config import schema, targets
-from captioning.config.constraints import Range, constrained
 from captioning.config.schema import ConfigError, validate_evaluate_config, validate_train_config
 from captioning.data.shapes import build_shapes
+from captioning.factory import registry
 from captioning.metrics import VALID_METRICS
-from captioning.models import registry
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
@@ -256,10 +256,10 @@ def test_a_constructor_range_is_checked_by_the_validator_and_by_the_constructor(
 
 
 def test_a_constructor_range_fails_the_entry_point_before_anything_is_built(monkeypatch, tmp_path, capsys):
-    from captioning.training import run
+    import captioning.train as run
 
     built = []
-    monkeypatch.setattr(run, "Trainer", lambda *a: built.append(a))  # builds the model, reads the data: never reached
+    monkeypatch.setattr(run, "build_trainer", lambda *a: built.append(a))  # builds the model, reads the data: never reached
     code = _run_app(train, ["attention.attention_dim=0", "dataset.generate.num_val=0", f"data_dir={tmp_path / 'data'}"],
                     monkeypatch, tmp_path)
     err = capsys.readouterr().err
@@ -302,6 +302,6 @@ def test_the_reader_is_a_registered_target_checked_by_its_signature(real_files):
         validate_train_config(_compose("dataset.reader._target_=os.makedirs"))
     assert err.value.problems == [("dataset.reader", ("unknown type 'os.makedirs'; choose one of read_karpathy_splits, "
                                    "read_coco_captions, read_table (a new one needs its line in "
-                                   "captioning/models/registry.py)"))]
+                                   "captioning/factory/registry.py)"))]
     with pytest.raises(ConfigError, match=r"dataset\.reader\.splits: set by the code that builds read_karpathy_splits"):
         validate_train_config(_compose("+dataset.reader.splits=[train]"))

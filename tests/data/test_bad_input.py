@@ -286,9 +286,9 @@ def test_coco_empty_captions_are_skipped_and_counted(tmp_path, caplog):
 
 
 def test_the_reader_is_checked_and_an_old_dataset_format_still_reads(shapes_json, tmp_path):
-    from captioning.data.build import load_records
     from captioning.data.karpathy import read_karpathy
-    from captioning.models.registry import ModelSpecError
+    from captioning.factory.datasets import load_records
+    from captioning.factory.registry import ModelSpecError
 
     with pytest.raises(ModelSpecError, match=r"dataset\.reader\._target_ 'os\.makedirs' is not one of this project's "
                        r"data set readers \(read_karpathy_splits, read_coco_captions, read_table\)"):

@@ -10,8 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 import captioning.data.dataset as dataset_module
-from captioning.data.build import build_datasets
 from captioning.data.dataset import collate
+from captioning.factory.datasets import build_datasets
 from captioning.models.encoder import SmallCNN
 
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from captioning.data import prepared
-from captioning.data.build import build_datasets, load_table
 from captioning.data.captions import SplitView, caption_counts, caption_lengths
 from captioning.data.dataset import CaptionDataset
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.synthetic_text import karpathy_file
 from captioning.data.vocab import Vocabulary
+from captioning.factory.datasets import build_datasets, load_table
 
 SPLITS = ("train", "val", "test")
 

@@ -14,8 +14,6 @@ import torchvision
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from captioning.checkpoint import load_model
-from captioning.data.build import load_records
 from captioning.data.coco_captions import read_coco_captions
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.features import FeatureCache
@@ -23,9 +21,11 @@ from captioning.data.images import load_image
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
-from captioning.models.captioner import build_captioner, build_encoder, model_config
+from captioning.evaluation.split import decode_split
+from captioning.factory.checkpoints import load_model
+from captioning.factory.datasets import load_records
+from captioning.factory.models import build_captioner, build_encoder, model_config
 from captioning.models.encoder import ResNetEncoder
-from captioning.predict import decode_split
 from captioning.runtime import CONF_DIR, set_seed
 from captioning.tools.extract_features import extract
 from captioning.train import train
@@ -281,7 +281,7 @@ def test_offline_paper_preset_fails_fast_with_instructions(tmp_path, monkeypatch
     def never(*args, **kwargs):
         raise AssertionError("data was read before the encoder's weights were checked")
 
-    monkeypatch.setattr("captioning.data.build.load_records", never)  # what the trainer reads data with
+    monkeypatch.setattr("captioning.factory.datasets.load_records", never)  # what the trainer reads data with
     monkeypatch.setattr("captioning.tools.extract_features.load_records", never)
     out = [f"dataset.features={tmp_path / 'features'}"] if config == "extract_features" else []
     cfg = _compose(config, "experiment=flickr8k_soft", *data[1:], *out)

@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from PIL import Image
 
-from captioning.checkpoint import load_model, save_checkpoint
+from captioning.checkpoint import save_checkpoint
 from captioning.data.images import load_image
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.vocab import Vocabulary
@@ -32,12 +32,14 @@ from captioning.export.exporter import export_checkpoint, export_model
 from captioning.export.graphs import preprocess_steps
 from captioning.export.manifest import FORMAT, MANIFEST
 from captioning.export.runner import Runner
-from captioning.models.captioner import Captioner, build_captioner
+from captioning.factory.checkpoints import load_model
+from captioning.factory.models import build_captioner
+from captioning.factory.run import build_trainer
+from captioning.models.captioner import Captioner
 from captioning.models.encoder import ResNetEncoder, SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.tools.export import main as export_main
 from captioning.tools.run_export import main as runner_main
-from captioning.training.trainer import Trainer
 
 SMALL = {"attention_dim": 16, "predictor_dim": 16, "num_heads": 2, "head_dim": 8, "num_filters": 4}
 ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
@@ -73,7 +75,7 @@ def trained(tmp_path_factory) -> tuple[Path, list[Path]]:
             "dataset.generate.num_test=16", "dataset.generate.seed=1", "dataset.batch_size=16",
             "dataset.prepared=null", "trainer.progress=false", "device=cpu", "optim.lr=0.005"])
     torch.manual_seed(0)
-    trainer = Trainer(cfg, root / "run")
+    trainer = build_trainer(cfg, root / "run")
     for epoch in range(8):
         trainer.epoch = epoch
         for batch in trainer.train_loader()[0]:

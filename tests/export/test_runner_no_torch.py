@@ -22,7 +22,9 @@ from captioning.data.images import load_image
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.vocab import Vocabulary
 from captioning.export.exporter import export_model
-from captioning.models.captioner import build_captioner
+from captioning.factory.models import build_captioner
+
+pytestmark = pytest.mark.integration  # every test here starts a subprocess
 
 BLOCK = """
 import json, sys

@@ -11,9 +11,9 @@ from fixtures import compose_tiny_train
 from PIL import Image
 
 import captioning
-from captioning.data.build import build_datasets
 from captioning.data.images import ImageError, load_image
 from captioning.data.karpathy import read_karpathy
+from captioning.factory.datasets import build_datasets
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,7 @@ def test_paths(shapes_json):
     return [r.path for r in read_karpathy(shapes_json, "test")]
 
 
+@pytest.mark.integration
 def test_import_captioning_does_not_import_torch():
     code = "import sys, captioning; assert 'torch' not in sys.modules; print(captioning.load.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -24,7 +24,7 @@ from captioning.metrics.coco_attention import (
     view_geometry,
 )
 from captioning.metrics.coco_words import CATEGORY_WORDS, COCO_CATEGORY_IDS
-from captioning.predict import Prediction
+from captioning.reporting.items import Prediction
 
 PERSON, DOG, TRAFFIC_LIGHT = 1, 18, 10
 

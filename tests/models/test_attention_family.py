@@ -11,7 +11,7 @@ from fixtures import TINY_MODEL
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from captioning.decoding import beam_search, greedy_decode
+from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
 from captioning.models.attention import Attention, SoftAttention
 from captioning.models.attention_family import (
@@ -21,7 +21,7 @@ from captioning.models.attention_family import (
     grid_positions,
     resolve_grid,
 )
-from captioning.models.captioner import build_captioner
+from captioning.models.decoding import beam_search, greedy_decode
 from captioning.runtime import CONF_DIR
 
 CONF = CONF_DIR / "attention"

@@ -9,7 +9,8 @@ import logging
 import torch
 from fixtures import TINY_MODEL
 
-from captioning.models.captioner import CompiledStep, build_captioner, compile_decoding
+from captioning.factory.models import build_captioner
+from captioning.models.captioner import CompiledStep, compile_decoding
 
 
 def _model():

@@ -11,13 +11,14 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
-from captioning.decoding import beam_search, greedy_decode
+from captioning.factory import registry
 from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 from captioning.models import attention as attention_module
-from captioning.models import packing, registry
+from captioning.models import packing
 from captioning.models.attention import SoftAttention, additive_scores
 from captioning.models.attention_family import grid_positions
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 from captioning.models.luong_decoder import LuongDecoder
 from captioning.models.packing import StepPlan, prefix_lengths

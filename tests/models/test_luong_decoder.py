@@ -9,11 +9,11 @@ import torch
 from fixtures import TINY_MODEL, compose_tiny_train
 from omegaconf import OmegaConf
 
-from captioning.checkpoint import load_model
-from captioning.decoding import beam_search, greedy_decode
+from captioning.factory.checkpoints import load_model
+from captioning.factory.models import build_captioner
 from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 from captioning.models.attention_family import grid_positions
-from captioning.models.captioner import build_captioner
+from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.luong_decoder import LuongDecoder
 from captioning.runtime import CONF_DIR
 from captioning.train import train

@@ -7,10 +7,10 @@ import torch
 from fixtures import TINY_MODEL
 from omegaconf import OmegaConf
 
+from captioning.factory import registry
+from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
-from captioning.models import registry
 from captioning.models.attention import SoftAttention
-from captioning.models.captioner import build_captioner
 from captioning.runtime import CONF_DIR
 
 

@@ -17,8 +17,9 @@ from captioning.checkpoint import save_checkpoint
 from captioning.data.dataset import CaptionDataset
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
-from captioning.models.captioner import build_captioner
-from captioning.predict import Prediction, decode_split, score_predictions
+from captioning.evaluation.outputs import write_outputs
+from captioning.evaluation.split import decode_split, score_predictions
+from captioning.factory.models import build_captioner
 from captioning.reporting.html import (
     image_data_uri,
     load_attention,
@@ -27,8 +28,7 @@ from captioning.reporting.html import (
     save_attention,
     write_report,
 )
-from captioning.reporting.items import ReportItem
-from captioning.reporting.outputs import write_outputs
+from captioning.reporting.items import Prediction, ReportItem
 from captioning.tools.html import main
 
 
@@ -247,6 +247,7 @@ def report_page(browser, tmp_path_factory):
     return browser
 
 
+@pytest.mark.integration
 def test_page_loads_without_console_errors_and_lists_every_image(report_page):
     from selenium.webdriver.common.by import By
 
@@ -260,6 +261,7 @@ def test_page_loads_without_console_errors_and_lists_every_image(report_page):
     assert errors == []
 
 
+@pytest.mark.integration
 def test_hovering_a_word_swaps_the_heatmap_to_that_words_attention(report_page):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -286,6 +288,7 @@ def test_hovering_a_word_swaps_the_heatmap_to_that_words_attention(report_page):
         assert state["word"] == "" and state["hi"] == 0  # back to the plain image
 
 
+@pytest.mark.integration
 def test_clicking_a_word_pins_its_heatmap(report_page):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -301,6 +304,7 @@ def test_clicking_a_word_pins_its_heatmap(report_page):
     assert report_page.execute_script(_READ_CANVAS, canvas)["word"] == ""
 
 
+@pytest.mark.integration
 def test_clicking_the_cider_header_sorts_rows_by_cider(report_page):
     from selenium.webdriver.common.by import By
 

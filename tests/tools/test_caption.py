@@ -8,7 +8,7 @@ from PIL import Image
 
 from captioning.checkpoint import save_checkpoint
 from captioning.data.vocab import Vocabulary
-from captioning.models.captioner import build_captioner
+from captioning.factory.models import build_captioner
 from captioning.tools.caption import figure_names, main, open_image
 
 

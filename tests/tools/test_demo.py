@@ -32,8 +32,8 @@ import captioning
 from captioning.checkpoint import save_checkpoint
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import END, Vocabulary
-from captioning.models.captioner import build_captioner
-from captioning.reporting.demo_page import DISPLAY_SIDE
+from captioning.factory.models import build_captioner
+from captioning.inference.demo_page import DISPLAY_SIDE
 from captioning.reporting.html import quantize_maps
 from captioning.tools.demo import main, make_server
 
@@ -217,6 +217,7 @@ def test_a_busy_port_is_one_error_line(checkpoint, capsys):
     assert exc.value.code == 2 and "cannot serve on 127.0.0.1:" in err and err.count("\n") == 1
 
 
+@pytest.mark.integration
 def test_the_command_prints_its_url_serves_and_stops_on_ctrl_c(checkpoint):
     proc = subprocess.Popen([sys.executable, "-m", "captioning.tools.demo", "--checkpoint", str(checkpoint),
                              "--port", "0", "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -265,6 +266,7 @@ def _caption_shown(page) -> str:
     return page.find_element(By.ID, "caption").text
 
 
+@pytest.mark.integration
 def test_uploading_shows_the_caption_and_each_words_heatmap_on_hover(page, model, images):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -292,6 +294,7 @@ def test_uploading_shows_the_caption_and_each_words_heatmap_on_hover(page, model
     assert [e for e in page.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
 
 
+@pytest.mark.integration
 def test_a_dropped_image_is_captioned(page, model, images):
     data = base64.b64encode(images[1].read_bytes()).decode()
     page.execute_script("""
@@ -303,6 +306,7 @@ def test_a_dropped_image_is_captioned(page, model, images):
     assert _caption_shown(page) == _api(model, images[1]).caption
 
 
+@pytest.mark.integration
 def test_a_bad_or_too_large_file_shows_its_message_on_the_page(page, images, tmp_path):
     from selenium.webdriver.common.by import By
 

@@ -17,6 +17,8 @@ from fixtures import needs_java
 from captioning.data.synthetic_text import realistic_corpus
 from captioning.tools.score import score_files
 
+pytestmark = pytest.mark.integration  # every test here starts a subprocess
+
 # Packages scoring text does not need; nltk and pycocotools are not needed either (pycocoevalcap is).
 HEAVY = ("torch", "torchvision", "matplotlib", "hydra", "omegaconf", "nltk", "pycocotools")
 METRICS = "bleu,rouge,cider"

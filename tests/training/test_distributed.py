@@ -26,9 +26,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from captioning.checkpoint import load_model
-from captioning.data.build import build_datasets
-from captioning.predict import decode_split, score_predictions
+from captioning.evaluation.split import decode_split, score_predictions
+from captioning.factory.checkpoints import load_model
+from captioning.factory.datasets import build_datasets
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training import distributed
@@ -96,6 +96,7 @@ def _run_dir(cwd: Path) -> Path:
     return runs[0]
 
 
+@pytest.mark.integration
 def test_two_ranks_train_like_one_process_with_the_global_batch(two_ranks, shapes_json, tmp_path, monkeypatch):
     run = _run_dir(two_ranks)
     _single_process_reference(shapes_json, tmp_path / "ref", monkeypatch)
@@ -119,6 +120,7 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(two_ranks, shape
         assert torch.allclose(w_ddp[k][keep], w_ref[k][keep], rtol=0, atol=1e-5), k
 
 
+@pytest.mark.integration
 def test_validation_is_gathered_to_exactly_a_single_process_decode(two_ranks, shapes_json):
     run = _run_dir(two_ranks)
     (ddp,) = json.loads((run / "history.json").read_text())
@@ -141,6 +143,7 @@ def test_validation_is_gathered_to_exactly_a_single_process_decode(two_ranks, sh
     assert metrics["num_images"] == 12 and len({r["image_id"] for r in results}) == 12
 
 
+@pytest.mark.integration
 def test_only_rank_zero_writes_files(two_ranks):
     run = _run_dir(two_ranks)
     assert sorted(p.name for p in two_ranks.iterdir()) == ["outputs"]  # nothing else in the launch folder
@@ -151,6 +154,7 @@ def test_only_rank_zero_writes_files(two_ranks):
     assert not list(run.rglob("*.tmp"))
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_two_ranks_resume_and_hard_attention(two_ranks, shapes_json, tmp_path):
     run = _run_dir(two_ranks)

@@ -12,6 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # every test here starts a subprocess
+
 BIN = Path(sys.executable).parent
 TINY = ["dataset.generate.num_train=48", "dataset.generate.num_val=12", "dataset.generate.num_test=12",
         "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.batch_size=4", "encoder.channels=[8,16]",

@@ -11,10 +11,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import collate
+from captioning.factory.run import build_trainer
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training.precision import autocast_dtype
-from captioning.training.trainer import Trainer
 
 CONF = str(CONF_DIR)
 
@@ -30,16 +30,16 @@ def _cfg(shapes_json: Path, *overrides: str):
             "eval.metrics=[bleu,cider]", "eval.num_figures=0", "device=cpu", *overrides])
 
 
-def _batch(trainer: Trainer):
+def _batch(trainer):
     ds = trainer.data["train"]
     return collate([ds[i] for i in range(8)])
 
 
 def test_bf16_forward_on_cpu_with_a_float32_loss(shapes_json, tmp_path):
     torch.manual_seed(0)
-    fp32 = Trainer(_cfg(shapes_json), tmp_path / "fp32")
+    fp32 = build_trainer(_cfg(shapes_json), tmp_path / "fp32")
     torch.manual_seed(0)
-    bf16 = Trainer(_cfg(shapes_json, "trainer.precision=bf16"), tmp_path / "bf16")
+    bf16 = build_trainer(_cfg(shapes_json, "trainer.precision=bf16"), tmp_path / "bf16")
     bf16.model.load_state_dict(fp32.model.state_dict())
     torch.manual_seed(1)
     batch = _batch(fp32)  # the same images and captions for both
@@ -73,11 +73,11 @@ def test_fp16_off_cuda_and_unknown_precision_are_refused(shapes_json, tmp_path):
 
 def test_loss_scaler_state_round_trips_through_checkpoints(shapes_json, tmp_path):
     # fp16 needs CUDA, so the scaler plumbing is exercised with a CPU GradScaler put in place by hand.
-    trainer = Trainer(_cfg(shapes_json, "trainer.precision=bf16"), tmp_path)
+    trainer = build_trainer(_cfg(shapes_json, "trainer.precision=bf16"), tmp_path)
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
     trainer.optimizer_step(trainer.loss(_batch(trainer)).total)  # finite gradients: the scale grows to 2^11
     trainer.save("last.pt", trainer.training_state())
-    resumed = Trainer(_cfg(shapes_json, "trainer.precision=bf16"), tmp_path)
+    resumed = build_trainer(_cfg(shapes_json, "trainer.precision=bf16"), tmp_path)
     resumed.scaler = torch.amp.GradScaler("cpu")
     resumed.resume(tmp_path / "checkpoints/last.pt")
     assert resumed.scaler.get_scale() == trainer.scaler.get_scale() == 2.0**11

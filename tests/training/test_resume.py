@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 import captioning.checkpoint as ck
 import captioning.training.trainer as tr
-from captioning.training.run import train
+from captioning.train import train
 from captioning.training.stop import TrainingInterrupted
 from test_resume import compose_train
 tr.plot_history = lambda *a, **k: None
@@ -224,6 +224,7 @@ def test_stop_at_an_epoch_end_then_resume_is_bit_identical(data_root, reference,
         assert all("baseline" in h for h in history)
 
 
+@pytest.mark.integration
 def test_kill_9_mid_epoch_then_resume_is_bit_identical(data_root, reference, tmp_path):
     """kill -9 from outside at a random moment after the first mid-epoch checkpoint (step 2 of 24). The tiny run
     lasts about a second after that; a kill that came too late (after the last step: the final test decode or the
@@ -250,6 +251,7 @@ def test_kill_9_mid_epoch_then_resume_is_bit_identical(data_root, reference, tmp
     resume_and_compare(out, overrides, ref)
 
 
+@pytest.mark.integration
 def test_kill_during_a_checkpoint_write_then_resume_is_bit_identical(data_root, reference, tmp_path):
     """SIGKILL once the 3rd last.pt (epoch 1's end, after steps 2 and 4) is in its tmp file, before the rename:
     the tmp file stays behind; the next run removes it and resumes from step 4's last.pt."""
@@ -262,6 +264,7 @@ def test_kill_during_a_checkpoint_write_then_resume_is_bit_identical(data_root, 
     resume_and_compare(tmp_path, overrides, ref)
 
 
+@pytest.mark.integration
 def test_length_buckets_killed_mid_epoch_then_resumed_is_bit_identical(data_root, reference, tmp_path):
     ref = reference("soft_buckets")
     overrides = tiny(data_root, *ATTENTION["soft_buckets"], "trainer.checkpoint_every=4")
@@ -277,6 +280,7 @@ KILL_POINTS = ["step::2", "step::5", "step::7", "step::12", "step::13", "step::1
                "validate::3", "write:last.pt:1", "write:last.pt:4", "write:best.pt:1", "test::1"]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["soft", "hard"])
 @pytest.mark.parametrize("kill_at", KILL_POINTS)
@@ -288,6 +292,7 @@ def test_every_kill_point_resumes_bit_identical(data_root, reference, tmp_path, 
     resume_and_compare(tmp_path, overrides, ref)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("signame, at", [("SIGINT", 3), ("SIGTERM", 6), ("SIGINT", 14)])
 def test_a_signal_saves_the_run_and_resume_is_bit_identical(data_root, reference, tmp_path, signame, at):
     """Ctrl-C / SIGTERM during optimizer step `at` (mid-epoch, an epoch's last step, a later epoch): the run writes a
@@ -323,6 +328,7 @@ def scst_reference(data_root, reference, tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 def test_scst_killed_mid_epoch_then_resumed_is_bit_identical(data_root, reference, scst_reference, tmp_path):
     overrides = scst(data_root, reference("hard"), "trainer.checkpoint_every=4")
     proc = killed_run(tmp_path, overrides, "step::11")  # last.pt of step 8, then 2 more steps lost

@@ -60,6 +60,7 @@ def no_curves(monkeypatch):
     monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
 
 
+@pytest.mark.integration
 def test_a_second_run_into_a_locked_folder_stops_at_once_naming_the_pid(shapes_json, holder):
     folder, proc = holder
     started = time.monotonic()
@@ -69,6 +70,7 @@ def test_a_second_run_into_a_locked_folder_stops_at_once_naming_the_pid(shapes_j
     assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # nothing written
 
 
+@pytest.mark.integration
 def test_the_console_command_prints_one_line_and_exit_status_2(shapes_json, holder, tmp_path):
     folder, proc = holder
     run = subprocess.run([str(BIN / "captioning-train"), f"dataset.root={shapes_json.parent}", "device=cpu",
@@ -79,6 +81,7 @@ def test_the_console_command_prints_one_line_and_exit_status_2(shapes_json, hold
     assert f"PID {proc.pid}" in run.stderr and "captioning-train: error:" in run.stderr
 
 
+@pytest.mark.integration
 def test_the_lock_dies_with_its_process_even_by_kill_9(holder):
     folder, proc = holder
     with pytest.raises(RunFolderError):

@@ -18,11 +18,12 @@ from hydra import compose, initialize_config_dir
 from captioning.data.dataset import Batch, CaptionDataset, collate
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
+from captioning.factory.models import build_captioner, model_config
 from captioning.losses import MovingAverageBaseline, leave_one_out_baseline
 from captioning.metrics import CiderD, score_captions
 from captioning.metrics.tokenizer import ptb_tokenize
 from captioning.models.attention import HardAttention, SoftAttention
-from captioning.models.captioner import Captioner, build_captioner, model_config
+from captioning.models.captioner import Captioner
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
@@ -400,6 +401,7 @@ def test_scst_run_from_a_cross_entropy_checkpoint(shapes_json, tmp_path, monkeyp
         train(other, tmp_path / "other")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_scst_under_torchrun_with_two_ranks(shapes_json, tmp_path):
     """2 processes (gloo, CPU): each rank samples, scores and baselines its own images; DDP averages gradients."""

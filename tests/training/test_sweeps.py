@@ -45,6 +45,7 @@ def _compose_hydra(*overrides):
         return compose("train", overrides=list(overrides), return_hydra_config=True)
 
 
+@pytest.mark.integration
 def test_joblib_sweep_of_two_values_and_its_report(shapes_json, tmp_path, capsys):
     # Beam size only changes test decoding, so both runs train the same seeded model: a check of repeatability
     # across two parallel worker processes.
@@ -117,6 +118,7 @@ def test_sweep_presets_are_documented():
         assert settings and "defaults" in settings
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_optuna_sweep_returns_the_best_validation_cider(shapes_json, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e .[cluster]")
@@ -130,6 +132,7 @@ def test_optuna_sweep_returns_the_best_validation_cider(shapes_json, tmp_path):
     assert best["best_value"] == pytest.approx(max(r.metrics["val_CIDEr"] for r in runs))
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_submitit_launcher_runs_a_sweep(shapes_json, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e .[cluster]")

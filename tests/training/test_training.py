@@ -8,13 +8,14 @@ import torch
 from fixtures import TINY_MODEL, compose_tiny_train
 from hydra import compose, initialize_config_dir
 
-from captioning.checkpoint import load_model, read_checkpoint, save_checkpoint
+from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import greedy_decode
+from captioning.factory.checkpoints import load_model
+from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
-from captioning.models.captioner import build_captioner
+from captioning.models.decoding import greedy_decode
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import compact_due, live_rows, select_rows, special_ids, word_log_probs
 from captioning.models.attention import HardAttention
 from captioning.models.decoder import map_state, repeat_rows
+from captioning.models.decoding import compact_due, live_rows, select_rows, special_ids, word_log_probs
 from captioning.models.unrolled import autocast_input
 
 

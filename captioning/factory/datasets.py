@@ -2,7 +2,7 @@
 
 The files are read by the reader `dataset.reader` names (conf/dataset/reader/: karpathy or coco), after the
 data set's `generate` step if it has one (conf/dataset/shapes.yaml). Both are `_target_`s looked up in the registry
-(captioning/models/registry.py), never imported: a checkpoint's stored dataset section is rebuilt the same way.
+(captioning/factory/registry.py), never imported: a checkpoint's stored dataset section is rebuilt the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from captioning.data.features import FeatureCache
 from captioning.data.prepared import open_or_prepare
 from captioning.data.records import SPLITS, ImageRecord, collector_paused
 from captioning.data.vocab import Vocabulary
-from captioning.models import registry
+from captioning.factory import registry
 
 logger = logging.getLogger(__name__)
 LEGACY_FORMATS = ("karpathy", "coco")  # `dataset.format` of a dataset section written before dataset.reader

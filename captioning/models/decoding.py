@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from captioning.config.constraints import check_decoding
-from captioning.data.vocab import Vocabulary
+from captioning.base.constraints import check_decoding
+from captioning.base.tokens import END_ID, PAD_ID, START_ID
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import map_state, repeat_rows
 from captioning.models.unrolled import autocast_input
@@ -57,7 +57,7 @@ def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
 
 def special_ids(device: torch.device) -> torch.Tensor:
     """The ids decoding never emits: <start> and <pad>."""
-    return torch.tensor([Vocabulary.start_id, Vocabulary.pad_id], device=device)
+    return torch.tensor([START_ID, PAD_ID], device=device)
 
 
 def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor) -> Decoded:
@@ -101,10 +101,10 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     exactly as they would have with them.
     """
     check_decoding(1, max_len)
-    (B, L), pad, end = a.shape[:2], Vocabulary.pad_id, Vocabulary.end_id
+    (B, L), pad, end = a.shape[:2], PAD_ID, END_ID
     keys = decoder.attention.prepare(a, grid)  # (B, L, A)
     state = decoder.init_state(a, mask)
-    words = a.new_full((B,), Vocabulary.start_id, dtype=torch.long)
+    words = a.new_full((B,), START_ID, dtype=torch.long)
     finished = torch.zeros(B, dtype=torch.bool, device=a.device)
     live: torch.Tensor | None = None  # the image of each running row (None: all, in order)
     scores = a.new_zeros(B)
@@ -144,14 +144,14 @@ def _backtrack(tokens: torch.Tensor, parents: torch.Tensor, alphas: torch.Tensor
     """Follow back-pointers (T, B, k) from beam `beams` (B,) at step lengths - 1: words (B, T), maps (B, T, L)."""
     T, B = tokens.shape[:2]
     img = torch.arange(B, device=tokens.device)
-    seqs = tokens.new_full((B, T), Vocabulary.pad_id)
+    seqs = tokens.new_full((B, T), PAD_ID)
     maps = alphas.new_zeros(B, T, alphas.shape[-1])
     cur = beams
     for s in range(T - 1, -1, -1):
         cur = torch.where(lengths - 1 == s, beams, cur)  # each caption's last word is at step lengths - 1
         inside = (s < lengths).unsqueeze(1)  # (B, 1)
         parent = parents[s, img, cur]  # (B,) the beam that ran step s: its alpha_s produced the word
-        seqs[:, s] = torch.where(inside[:, 0], tokens[s, img, cur], Vocabulary.pad_id)
+        seqs[:, s] = torch.where(inside[:, 0], tokens[s, img, cur], PAD_ID)
         maps[:, s] = torch.where(inside, alphas[s, img, parent], 0.0)  # (B, L)
         cur = parent
     return seqs, maps
@@ -188,12 +188,12 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     if n_best < 1:
         raise ValueError(f"n_best must be >= 1, got {n_best}")
     (B, L), k, dev = a.shape[:2], beam_size, a.device
-    lp, end = float(length_penalty), Vocabulary.end_id
+    lp, end = float(length_penalty), END_ID
     keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
     state = decoder.init_state(a, mask)
     buffers, a = a, autocast_input(a)  # under bf16/fp16 autocast: a cast once, not at every step; buffers float32
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
-    logits, state, att = decoder.step(a.new_full((B,), Vocabulary.start_id, dtype=torch.long), state, a, keys, mask)
+    logits, state, att = decoder.step(a.new_full((B,), START_ID, dtype=torch.long), state, a, keys, mask)
     state, logits, alpha = repeat_rows((state, logits, att.alpha), k)  # row b k + j
     shared = getattr(decoder, "rows_share_images", False)  # the decoder reads k rows per image of a, keys, mask
     if not shared:

@@ -2,13 +2,17 @@
 
 `decode_split` runs real decoding (greedy or beam search, never teacher forcing) over a data set and returns one
 `Prediction` per readable image; `score_predictions` scores them as coco-caption does, plus attention correctness
-where the data set has object boxes; `instance_correctness` does it on COCO instance masks.
+where the data set has object boxes; `instance_correctness` does it on COCO instance masks. `evaluate_split` is
+the one chain from a model and a split to metrics.json and the report, run by `captioning-evaluate` and at the end
+of training.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -16,26 +20,39 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioning.data.dataset import CaptionDataset, collate
+from captioning.evaluation.outputs import write_outputs
 from captioning.metrics import attention_correctness, caption_diversity, score_captions
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
-from captioning.models.captioner import Captioner
+from captioning.models.captioner import Captioner, selects_regions
+from captioning.reporting.items import Prediction
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Prediction:
-    """One decoded image: its caption and the (T, h, w) attention maps of its words."""
+@dataclass(frozen=True)
+class EvalSettings:
+    """The `eval` config section: which split, how it is decoded, what is scored and written."""
 
-    index: int
-    image_id: int
-    words: list[str]
-    alphas: torch.Tensor  # (T, h, w)
-    scores: dict[str, float] = field(default_factory=dict)  # per-image metrics, once scored
+    split: str = "test"
+    beam_size: int = 3
+    max_len: int = 20
+    length_penalty: float = 0.0
+    batch_size: int = 50
+    metrics: tuple[str, ...] = ("bleu", "meteor", "rouge", "cider")
+    num_figures: int = 4
+    report: bool = True  # report.html and attention.npz
+    instances: str | None = None  # COCO instances file: attention correctness on its masks
+    compile: bool = False  # decode through a compiled decoder step
 
-    @property
-    def caption(self) -> str:
-        return " ".join(self.words)
+    @classmethod
+    def of(cls, ev: Any) -> EvalSettings:
+        """From an `eval` config section (a DictConfig or a mapping)."""
+        return cls(str(ev.split), int(ev.beam_size), int(ev.max_len), float(ev.length_penalty),
+                   int(ev.batch_size), tuple(ev.metrics), int(ev.num_figures), bool(ev.get("report", True)),
+                   ev.get("instances") or None, bool(ev.get("compile", False)))
+
+
+Decode = Callable[[Captioner, CaptionDataset, EvalSettings], "Sequence[Prediction] | None"]
 
 
 @torch.no_grad()
@@ -105,3 +122,29 @@ def instance_correctness(preds: list[Prediction], instances: CocoInstances, mode
                                       [p.image_id for p in preds], instances, view_geometry(model.encoder.transform()))
 
 
+
+
+def _decode(model: Captioner, dataset: CaptionDataset, ev: EvalSettings) -> list[Prediction]:
+    return decode_split(model, dataset, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size)
+
+
+def evaluate_split(model: Captioner, dataset: CaptionDataset, ev: EvalSettings, out_dir: Path,
+                   instances: CocoInstances | None = None, before: dict[str, Any] | None = None,
+                   after: dict[str, Any] | None = None, decode: Decode = _decode) -> dict[str, Any] | None:
+    """Decode a split with the eval settings, score it and write its files (metrics.json, results, figures,
+    report.html); returns the metrics: `before`, split and beam size, the scores, `after`.
+
+    `decode` is how the split is decoded (under torchrun: each rank a shard, rank 0 gets them all); where it
+    returns None (a rank other than 0), this process neither scores nor writes, and gets None.
+    """
+    preds = decode(model, dataset, ev)
+    if preds is None:
+        return None
+    preds = list(preds)
+    metrics = {**(before or {}), "split": ev.split, "beam_size": ev.beam_size,
+               **score_predictions(preds, dataset, ev.metrics), **(after or {})}
+    if instances is not None:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
+        metrics.update(instance_correctness(preds, instances, model))
+    write_outputs(out_dir, preds, dataset, metrics, ev.num_figures, selects_regions(model), model.encoder.view,
+                  report=ev.report)
+    return metrics

@@ -12,7 +12,7 @@ Two readers use the same annotations:
 * `@constrained` checks, at every call, the constraints and `Literal` choices of the arguments given, before the
   body runs, and raises a ValueError naming the parameter (`SoftAttention: attention_dim=0: must be >= 1`);
 * the config validator binds a config group's keys to the signature without calling anything
-  (captioning/config/signature.py `argument_problems`), so the same check fails before any work starts, with the
+  (captioning/base/signature.py `argument_problems`), so the same check fails before any work starts, with the
   config key named (`attention.attention_dim=0: must be >= 1`).
 
 `File()` declares that an argument names a file the function reads. It is not checked at the call (the function

@@ -4,7 +4,7 @@ A config names each component by its `_target_` (the class's import path, as in 
 string is only ever a key into the dicts below, never imported, so a checkpoint cannot make the loader run
 code of its choosing; the other keys of a spec must be arguments of the class's constructor, with values of
 the types and within the constraints its signature declares (plain data: no nested `_target_`, no `${...}`
-interpolation; captioning/config/signature.py binds them, the same check the config validator runs).
+interpolation; captioning/base/signature.py binds them, the same check the config validator runs).
 
 To add a component: import its class here and add one line `"<module>.<Class>": Class` to its group's dict.
 The key must be the class's import path and the `_target_` of its conf/ YAML file (tests/models/test_model.py checks
@@ -24,8 +24,8 @@ from typing import Any
 
 from torch import nn
 
-from captioning.config.constraints import matches as _matches  # noqa: F401 (the type check, tests/models/test_model.py)
-from captioning.config.signature import argument_problems, parameters
+from captioning.base.constraints import matches as _matches  # noqa: F401 (the type check, tests/models/test_model.py)
+from captioning.base.signature import argument_problems, parameters
 from captioning.data.coco_captions import read_coco_captions
 from captioning.data.karpathy import read_karpathy_splits
 from captioning.data.shapes import build_shapes

@@ -1,7 +1,7 @@
 """A `_target_` group's keys bound to its target's signature without calling it: one checker, configs and checkpoints.
 
 `argument_problems(fn, kwargs)` reads `fn`'s signature (`inspect.signature`, annotations with their `Annotated`
-constraints, captioning/config/constraints.py) and returns every problem of `kwargs` at once:
+constraints, captioning/base/constraints.py) and returns every problem of `kwargs` at once:
 
 * a Hydra instantiation key (`_args_`, `_partial_`...) or an argument the builder passes itself (`reserved`);
 * an unknown key, with a did-you-mean among the arguments `fn` takes;
@@ -9,7 +9,7 @@ constraints, captioning/config/constraints.py) and returns every problem of `kwa
 * a required argument (no default) that is missing.
 
 The config validator (captioning/config/targets.py) reports them as config problems; the component registry
-(captioning/models/registry.py `check_arguments`) raises the first as a ModelSpecError when it checks a checkpoint.
+(captioning/factory/registry.py `check_arguments`) raises the first as a ModelSpecError when it checks a checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from captioning.config.constraints import Constraint, File, did_you_mean, split_annotated, value_problems
+from captioning.base.constraints import Constraint, File, did_you_mean, split_annotated, value_problems
 
 
 @dataclass(frozen=True)

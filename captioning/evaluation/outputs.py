@@ -13,9 +13,9 @@ from PIL import Image
 
 from captioning.data.dataset import CaptionDataset
 from captioning.data.images import ImageError, load_image
-from captioning.predict import Prediction
 from captioning.reporting.figures import chosen_regions, plot_attention
 from captioning.reporting.html import write_prediction_report
+from captioning.reporting.items import Prediction
 
 logger = logging.getLogger(__name__)
 

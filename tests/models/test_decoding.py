@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search, greedy_decode
 from captioning.models.attention import AttentionOutput, HardAttention, SoftAttention
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoding import beam_search, greedy_decode
 
 
 @pytest.fixture

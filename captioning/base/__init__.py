@@ -1,0 +1,6 @@
+"""The ground floor: declarations every other package may import, importing none of them.
+
+    constraints.py  `Annotated[int, Range(ge=1)]`: a constraint written once, in the signature; `@constrained`
+    signature.py    binding a group's keys to a signature without calling it (the config checker and the registry)
+    tokens.py       the special tokens and their ids (the vocabulary and decoding)
+"""

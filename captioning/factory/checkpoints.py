@@ -1,0 +1,89 @@
+"""Loading a model from a checkpoint written by anyone: its config is checked against the registry (only this
+project's classes, with arguments of their constructors) before anything is built (see SECURITY.md)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from captioning.checkpoint import read_checkpoint
+from captioning.data.vocab import Vocabulary
+from captioning.factory.models import build_captioner
+from captioning.factory.registry import ModelSpecError, check_data, group_at, resolve
+from captioning.models.captioner import Captioner
+
+MODEL_GROUPS = ("encoder", "attention", "decoder")
+
+
+class UnsafeCheckpointError(ModelSpecError):
+    """A checkpoint whose config names code outside this project's registry, or arguments it does not take."""
+
+
+def check_config(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's config, once its model and dataset sections are known to be plain data for this project.
+
+    `model.*` must name registered classes with arguments of their constructors; `dataset` may only be plain
+    values, except `dataset.generate` and `dataset.reader`, which must name a registered data set generator
+    (e.g. build_shapes) and reader (read_karpathy_splits, read_coco_captions) with arguments of their signatures.
+    Other sections (optim, trainer...) are never built from a checkpoint.
+    """
+    config = ckpt.get("config")
+    try:
+        if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+            raise ModelSpecError("it has no model config")
+        model = config["model"]
+        for key in model:
+            if key not in MODEL_GROUPS:
+                raise ModelSpecError(f"model.{key} is not a model group ({', '.join(MODEL_GROUPS)})")
+        for group in MODEL_GROUPS:
+            if model.get(group) is None:
+                raise ModelSpecError(f"the model config has no 'model.{group}' group")
+            resolve(group, model[group], f"model.{group}")
+        dataset = config.get("dataset")
+        if dataset is not None:
+            if not isinstance(dataset, dict):
+                raise ModelSpecError(f"dataset must be a mapping, got {type(dataset).__name__}")
+            for key, value in dataset.items():
+                data_group = group_at(f"dataset.{key}")  # generate, reader: built by captioning-evaluate
+                if data_group is not None and value is not None:
+                    resolve(data_group, value, f"dataset.{key}")
+                else:
+                    check_data({key: value}, "dataset")
+    except ModelSpecError as err:
+        raise UnsafeCheckpointError(f"checkpoint {path}: {err}; refusing to load it") from None
+    return config
+
+
+def load_model(path: str | os.PathLike,
+               map_location: str | torch.device = "cpu") -> tuple[Captioner, Vocabulary, dict[str, Any]]:
+    """Rebuild the model from a checkpoint's (checked) config and load its weights; returns model, vocab, checkpoint.
+
+    Raises UnsafeCheckpointError (a ValueError, one line) for a config naming anything but this project's
+    components, and ValueError for a config or weights that do not make a model.
+    """
+    ckpt = read_checkpoint(path, map_location)
+    model_cfg = dict(check_config(ckpt, path)["model"])
+    vocab = Vocabulary(ckpt["vocab"])
+    if "pretrained" in model_cfg["encoder"]:  # the checkpoint holds the weights: never download them again
+        model_cfg["encoder"] = {**model_cfg["encoder"], "pretrained": False}
+    try:
+        model = build_captioner(model_cfg, len(vocab), prefix="model.")
+    except ModelSpecError as err:
+        raise UnsafeCheckpointError(f"checkpoint {path}: {err}; refusing to load it") from None
+    except (TypeError, AttributeError, KeyError, IndexError, RuntimeError) as err:  # checked types, odd values
+        raise ValueError(f"checkpoint {path}: its model config does not build a model "
+                         f"({type(err).__name__}: {_first_line(err)})") from err
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise ValueError(f"checkpoint {path}: its weights do not fit the model its config describes "
+                         f"({_first_line(err)})") from err
+    model.to(map_location).eval()
+    return model, vocab, ckpt
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return " ".join(lines[:2])[:300]

@@ -1,0 +1,53 @@
+"""What a training run is made of, built once from the config (captioning/factory/run.py) and handed to the
+Trainer: the Trainer never reads a config or builds a component itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from captioning.data.dataset import CaptionDataset
+from captioning.data.vocab import Vocabulary
+from captioning.evaluation.split import EvalSettings
+from captioning.metrics.coco_attention import CocoInstances
+from captioning.models.captioner import Captioner
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """How the training split is read: `dataset.batch_size`, `batch_unit`, `length_buckets`, `num_workers`."""
+
+    batch_size: int
+    batch_unit: str = "images"  # images | captions
+    length_buckets: int | None = None
+    num_workers: int = 0
+
+    @classmethod
+    def of(cls, dataset: Any) -> LoaderSettings:
+        """From a `dataset` config section."""
+        return cls(int(dataset.batch_size), str(dataset.get("batch_unit", "images")),
+                   dataset.get("length_buckets"), int(dataset.get("num_workers", 0)))
+
+
+@dataclass
+class RunParts:
+    """The built parts of one training run."""
+
+    model: Captioner  # on its device
+    vocab: Vocabulary
+    data: dict[str, CaptionDataset]  # train, val and the eval split
+    objective: Any  # training/objectives.py: CrossEntropy or SelfCritical (prepared on the training split)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a torch LR scheduler, or None
+    device: torch.device
+    amp_dtype: torch.dtype | None  # autocast dtype (None: float32)
+    trainer: Any  # the `trainer` settings (max_epochs, patience, monitor, grad_clip, ...)
+    eval: EvalSettings  # validation's max_len and batch size, the test split's decoding and outputs
+    loader: LoaderSettings
+    seed: int
+    config: dict[str, Any]  # the resolved config (with `model`) stored in every checkpoint
+    run_info: dict[str, Any]  # what metrics.json says about the run (attention, dataset)
+    instances: CocoInstances | None = None  # eval.instances on rank 0 (attention correctness on COCO masks)
+    uses_features: bool = False  # a feature cache: the encoder is not in the forward pass

@@ -1,0 +1,50 @@
+"""factory/run.py: a training run's parts built from its config, and the Trainer that receives them."""
+
+from __future__ import annotations
+
+from fixtures import compose_tiny_train
+from hydra import compose, initialize_config_dir
+
+from captioning.evaluation.split import EvalSettings
+from captioning.factory.models import model_config
+from captioning.factory.run import build_run, build_trainer, stored_config
+from captioning.runtime import CONF_DIR, set_seed
+from captioning.training.objectives import CrossEntropy, SelfCritical
+from captioning.training.parts import LoaderSettings
+
+
+def test_the_eval_settings_defaults_are_the_configs():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train")
+    assert EvalSettings.of(cfg.eval) == EvalSettings()  # one default per fact: conf/eval/default.yaml's
+    assert LoaderSettings.of(cfg.dataset).batch_unit == LoaderSettings(batch_size=1).batch_unit
+
+
+def test_build_run_gives_the_trainer_every_part(shapes_json, tmp_path):
+    cfg = compose_tiny_train(shapes_json, "device=cpu", "eval.beam_size=2", "dataset.batch_size=6")
+    set_seed(cfg.seed)
+    parts = build_run(cfg)
+    assert set(parts.data) == {"train", "val", "test"} and len(parts.data["train"]) == 48
+    assert isinstance(parts.objective, CrossEntropy) and parts.scheduler is not None
+    assert parts.eval.beam_size == 2 and parts.eval.metrics == ("bleu", "cider") and parts.loader.batch_size == 6
+    assert parts.config == stored_config(cfg) and parts.config["model"] == model_config(cfg)
+    assert parts.run_info == {"attention": "SoftAttention", "dataset": "shapes"}  # outside Hydra: the class name
+    assert len(parts.vocab) == parts.model.decoder.vocab_size
+    assert [p.data_ptr() for g in parts.optimizer.param_groups for p in g["params"]] == \
+        [p.data_ptr() for p in parts.model.parameters() if p.requires_grad]
+    trainer = build_trainer(cfg, tmp_path)
+    assert trainer.config_dict() == parts.config and trainer.model.decoder.vocab_size == len(parts.vocab)
+
+
+def test_the_same_seed_builds_the_same_model(shapes_json):
+    cfg = compose_tiny_train(shapes_json, "device=cpu")
+    weights = []
+    for _ in range(2):
+        set_seed(cfg.seed)
+        weights.append(build_run(cfg).model.state_dict())
+    assert all((weights[0][k] == weights[1][k]).all() for k in weights[0])
+
+
+def test_objective_scst_builds_the_self_critical_objective(shapes_json):
+    parts = build_run(compose_tiny_train(shapes_json, "device=cpu", "objective=scst"))
+    assert isinstance(parts.objective, SelfCritical) and parts.scheduler is None  # scst.yaml: a constant step
