@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from torchvision import transforms as T
 
-from captioning.models.attention import HardAttention, device_path
+from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
+from captioning.models.fused import device_path
 
 Tree = int | list["Tree"]
 

@@ -1,11 +1,12 @@
 """The paper's LSTM decoder: MLP state init, attention with a scalar gate, LSTM, deep output layer.
 
-`step` is one decoding step, written plainly (decoding calls it); `forward` (teacher forcing) computes the same
-thing for all T steps, faster: what does not depend on the step is computed once (W_a a_i, the word part of the
-LSTM input projection, the deep output), the k captions of an image share its a and keys (no copies), the
-recurrent projection's weight gradient is one GEMM over all steps (`UnrolledLSTM`), and given the captions'
-lengths each step runs only the captions still running (`captioning.models.packing`).
-tests/models/test_fast_path.py checks logits, losses and gradients against the step-by-step loop.
+`step` is one decoding step and `forward_plain` the paper's teacher forcing, both written plainly (decoding calls
+`step`); `forward` computes what `forward_plain` does for all T steps, faster: what does not depend on the step is
+computed once (W_a a_i, the word part of the LSTM input projection, the deep output), the k captions of an image
+share its a and keys (no copies), the recurrent projection's weight gradient is one GEMM over all steps
+(`fused.UnrolledLSTM`), and given the captions' lengths each step runs only the captions still running
+(`captioning.models.packing`). tests/models/test_fast_path.py checks that both give the same logits, losses and
+gradients.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from torch import nn
 
 from captioning.base.constraints import Range, constrained
 from captioning.models.attention import Attention, AttentionOutput
+from captioning.models.fused import UnrolledLSTM, autocast_input
 from captioning.models.packing import StepPlan
-from captioning.models.unrolled import UnrolledLSTM, autocast_input
 
 Size = Annotated[int, Range(ge=1)]  # a layer width or count, in both decoders' signatures
 DropoutRate = Annotated[float, Range(ge=0, lt=1)]
@@ -92,6 +93,22 @@ def repeat_rows(state: Any, k: int) -> Any:
     """Every row of a decoder state (or any tensors in tuples, row first) repeated k times, consecutively: row
     b k + j is copy j of row b (the k captions, beams or samples of image b)."""
     return state if k == 1 else map_state(lambda x: x.repeat_interleave(k, dim=0), state)
+
+
+def plain_output(logits: torch.Tensor, atts: list[AttentionOutput], betas: list[torch.Tensor]) -> DecoderOutput:
+    """A step-by-step loop's outputs stacked over steps: logits (N, T, V), alphas (N, T, L), betas (N, T)."""
+    sampled = bool(atts) and atts[0].log_prob is not None  # hard attention's REINFORCE terms
+    return DecoderOutput(logits, torch.stack([x.alpha for x in atts], 1), torch.stack(betas, 1),
+                         torch.stack([x.log_prob for x in atts], 1) if sampled else None,  # type: ignore[misc]
+                         torch.stack([x.entropy for x in atts], 1) if sampled else None)  # type: ignore[misc]
+
+
+def plain_rows(a: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None,
+               image_index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Every caption's own copy of its image's a (N, L, D), keys and mask, as the paper's loop has them."""
+    if image_index is None:
+        return a, keys, mask
+    return a[image_index], keys[image_index], None if mask is None else mask[image_index]
 
 
 class ShowAttendTellDecoder(nn.Module):
@@ -191,3 +208,21 @@ class ShowAttendTellDecoder(nn.Module):
             log_probs=plan.padded(log_probs) if log_probs else None,
             entropies=plan.padded(entropies) if entropies else None,
         )
+
+    def forward_plain(self, a: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> DecoderOutput:
+        """The paper's teacher forcing written out step by step: `forward` computes the same logits, alphas and
+        gradients (to float rounding) and draws the same random numbers; tests/models/test_fast_path.py compares."""
+        a, keys, mask = plain_rows(a, self.attention.prepare(a, grid), mask, image_index)  # (N, L, D), (N, L, A)
+        state = self.init_state(a, mask)
+        emb = self.embed(captions[:, :-1])  # (N, T, m)
+        hs, zs, atts, betas = [], [], [], []
+        for t in range(emb.shape[1]):
+            att, z, beta = self.attend(a, keys, state, mask)  # alpha_t and z_t from h_{t-1}
+            h, c = self.lstm(torch.cat([emb[:, t], z], dim=1), state[:2])  # (N, n)
+            state = (h, c, att.alpha)
+            hs.append(h)
+            zs.append(z)
+            atts.append(att)
+            betas.append(beta)
+        return plain_output(self.output(emb, torch.stack(hs, 1), torch.stack(zs, 1)), atts, betas)

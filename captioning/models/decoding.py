@@ -19,7 +19,7 @@ from captioning.base.constraints import check_decoding
 from captioning.base.tokens import END_ID, PAD_ID, START_ID
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import map_state, repeat_rows
-from captioning.models.unrolled import autocast_input
+from captioning.models.fused import autocast_input
 
 
 class StepDecoder(Protocol):

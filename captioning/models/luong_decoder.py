@@ -31,10 +31,12 @@ from captioning.models.decoder import (
     _mlp,
     annotation_state,
     images_and_rows,
+    plain_output,
+    plain_rows,
     repeat_rows,
 )
+from captioning.models.fused import UnrolledLinear, UnrolledLSTM, autocast_input
 from captioning.models.packing import StepPlan
-from captioning.models.unrolled import UnrolledLinear, UnrolledLSTM, autocast_input
 
 # h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
 LuongState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -140,3 +142,18 @@ class LuongDecoder(nn.Module):
             log_probs=plan.padded(log_probs) if log_probs else None,
             entropies=plan.padded(entropies) if entropies else None,
         )
+
+    def forward_plain(self, a: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> DecoderOutput:
+        """Luong's teacher forcing written out with `advance` step by step: `forward` computes the same, faster
+        (tests/models/test_fast_path.py compares the two)."""
+        a, keys, mask = plain_rows(a, self.attention.prepare(a, grid), mask, image_index)  # (N, L, D), (N, L, A)
+        state = self.init_state(a, mask)
+        emb = self.embed(captions[:, :-1])  # (N, T, m)
+        h_tildes, atts = [], []
+        for t in range(emb.shape[1]):
+            state, att = self.advance(emb[:, t], state, a, keys, mask)
+            h_tildes.append(state[2])
+            atts.append(att)
+        betas = [torch.ones_like(x.alpha[:, 0]) for x in atts]  # no gate
+        return plain_output(self.output(torch.stack(h_tildes, 1)), atts, betas)

@@ -13,8 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from captioning.factory import registry
 from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
-from captioning.models import attention as attention_module
-from captioning.models import packing
+from captioning.models import fused, packing
 from captioning.models.attention import SoftAttention, additive_scores
 from captioning.models.attention_family import grid_positions
 from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
@@ -58,32 +57,9 @@ def _data(B: int = 3, k: int = 2, T: int = 6, dtype=torch.float64):
 
 
 def plain_forward(dec, a, captions, image_index=None, mask=None, grid=None) -> DecoderOutput:
-    """The step-by-step implementation: every caption with its own copy of a and keys, nn.LSTMCell per step."""
-    keys = dec.attention.prepare(a, grid)
-    if image_index is not None:
-        a, keys, mask = a[image_index], keys[image_index], None if mask is None else mask[image_index]
-    state = dec.init_state(a, mask)
-    emb = dec.embed(captions[:, :-1])  # (N, T, m)
-    outs, alphas, betas, log_probs, entropies = [], [], [], [], []
-    for t in range(captions.shape[1] - 1):
-        if isinstance(dec, LuongDecoder):
-            state, att = dec.advance(emb[:, t], state, a, keys, mask)
-            outs.append(state[2]), betas.append(torch.ones_like(att.alpha[:, 0]))
-        else:
-            att, z, beta = dec.attend(a, keys, state, mask)
-            h, c = dec.lstm(torch.cat([emb[:, t], z], dim=1), state[:2])
-            state = (h, c, att.alpha)
-            outs.append((h, z)), betas.append(beta)
-        alphas.append(att.alpha)
-        if att.log_prob is not None:
-            log_probs.append(att.log_prob), entropies.append(att.entropy)
-    if isinstance(dec, LuongDecoder):
-        logits = dec.output(torch.stack(outs, 1))
-    else:
-        logits = dec.output(emb, torch.stack([h for h, _ in outs], 1), torch.stack([z for _, z in outs], 1))
-    return DecoderOutput(logits, torch.stack(alphas, 1), torch.stack(betas, 1),
-                         torch.stack(log_probs, 1) if log_probs else None,
-                         torch.stack(entropies, 1) if entropies else None)
+    """The model's own step-by-step teacher forcing: every caption with its own copy of a and keys, the LSTM cell
+    per step (`forward_plain` of either decoder)."""
+    return dec.forward_plain(a, captions, image_index, mask, grid)
 
 
 def _loss(out: DecoderOutput, captions: torch.Tensor) -> torch.Tensor:
@@ -264,7 +240,7 @@ def test_a_training_step_frees_its_graph_without_the_cycle_collector(kind, monke
     import gc
     import weakref
 
-    from captioning.models import unrolled as decoder_module
+    from captioning.models import fused as decoder_module
 
     tapes: list[weakref.ref] = []
 
@@ -316,8 +292,11 @@ def test_additive_score_gradients_and_inference_chunks(k, bias, monkeypatch):
     torch.autograd.gradcheck(additive_scores, (keys, q, w, b))
     plain = torch.tanh(keys.repeat_interleave(k, 0) + q.unsqueeze(1)) @ w + (0 if b is None else b)  # (N, L)
     torch.testing.assert_close(additive_scores(keys, q, w, b), plain)
-    monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * k * 5 * 3 + 1)  # two images per chunk, one left
+    monkeypatch.setattr(fused, "_CHUNK_ELEMENTS", 2 * k * 5 * 3 + 1)  # two images per chunk, one left
     with torch.no_grad():
+        torch.testing.assert_close(additive_scores(keys, q, w, b), plain)
+    with fused.device_path("generic"):  # the model's plain formula, what a GPU runs
+        torch.autograd.gradcheck(additive_scores, (keys, q, w, b))
         torch.testing.assert_close(additive_scores(keys, q, w, b), plain)
 
 
@@ -524,7 +503,7 @@ def test_the_generic_device_path_computes_what_the_cpu_path_computes(kind, name,
     """`device_path("generic")` runs what a GPU runs (one chunk for the additive score, torch's tanh) on the CPU;
     its teacher forcing (logits, loss, every gradient, real words only) and its beam search equal the CPU path's,
     where the chunks are made small enough that the CPU path takes several."""
-    monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * 2 * 20 * 8)  # two images x k = 2 rows per chunk
+    monkeypatch.setattr(fused, "_CHUNK_ELEMENTS", 2 * 2 * 20 * 8)  # two images x k = 2 rows per chunk
     a, mask, captions = _data(B=5, dtype=torch.float32)
     captions, lengths = _ragged(captions, [3, 6, 1, 2, 5, 4, 6, 2, 3, 3])
     index = torch.arange(5).repeat_interleave(2)
@@ -535,8 +514,8 @@ def test_the_generic_device_path_computes_what_the_cpu_path_computes(kind, name,
         dec = _decoder(kind, name).train()
         if name == "hard":
             dec.attention.sample_this_batch = False
-        with attention_module.device_path(path):
-            assert attention_module.cpu_path(a) == (path == "cpu")
+        with fused.device_path(path):
+            assert fused.cpu_path(a) == (path == "cpu")
             out, grads = _run(dec, functools.partial(type(dec).forward, lengths=lengths), a, captions, index, mask)
             beams = beam_search(dec.eval(), a, 3, 8, mask=mask, grid=GRID)
         results[path] = out, grads, beams
@@ -552,15 +531,15 @@ def test_the_generic_device_path_computes_what_the_cpu_path_computes(kind, name,
 
 def test_device_path_is_restored_and_follows_the_device_by_default():
     x = torch.zeros(2)
-    assert attention_module.cpu_path(x)
-    with attention_module.device_path("generic"):
-        assert not attention_module.cpu_path(x)
-        with attention_module.device_path("cpu"):
-            assert attention_module.cpu_path(x)
-        assert not attention_module.cpu_path(x)
-    assert attention_module.cpu_path(x)
+    assert fused.cpu_path(x)
+    with fused.device_path("generic"):
+        assert not fused.cpu_path(x)
+        with fused.device_path("cpu"):
+            assert fused.cpu_path(x)
+        assert not fused.cpu_path(x)
+    assert fused.cpu_path(x)
     y = torch.full((1 << 10,), 0.7)
-    with attention_module.device_path("generic"):
-        generic = attention_module.tanh_(y.clone())
-    torch.testing.assert_close(attention_module.tanh_(y.clone()), generic, atol=2e-7, rtol=0)
+    with fused.device_path("generic"):
+        generic = fused.tanh_(y.clone())
+    torch.testing.assert_close(fused.tanh_(y.clone()), generic, atol=2e-7, rtol=0)
     assert torch.equal(generic, torch.tanh(y))

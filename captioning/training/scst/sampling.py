@@ -26,7 +26,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.models.attention import HardAttention
 from captioning.models.decoder import map_state, repeat_rows
 from captioning.models.decoding import compact_due, live_rows, select_rows, special_ids, word_log_probs
-from captioning.models.unrolled import autocast_input
+from captioning.models.fused import autocast_input
 
 
 @dataclass
