@@ -185,14 +185,12 @@ def test_a_legitimate_checkpoint_round_trips_with_identical_outputs(good_checkpo
 @pytest.mark.parametrize("decoder", sorted(p.stem for p in (Path(CONF_DIR) / "decoder").glob("*.yaml")))
 def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(dataset, decoder):
     """What a checkpoint of each data set and decoder stores passes the check (else its runs could not be loaded)."""
-    from omegaconf import OmegaConf
-
     from captioning.factory.checkpoints import check_config
-    from captioning.factory.models import model_config
+    from captioning.factory.run import stored_config
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"dataset={dataset}", f"decoder={decoder}"])
-    stored = {**OmegaConf.to_container(cfg, resolve=True), "model": model_config(cfg)}  # as Trainer.config_dict
+    stored = stored_config(cfg)  # what a training run stores in its checkpoints
     assert check_config({"config": stored}, "x.pt") is stored
 
 

@@ -37,11 +37,12 @@ def build_objective(cfg: DictConfig) -> Any:
     return registry.build("objective", OmegaConf.to_container(spec, resolve=True)) if spec else CrossEntropy()
 
 
-def stored_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config stored in every checkpoint, with the `model` section that rebuilds the network."""
+def stored_config(cfg: DictConfig, model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The resolved config stored in every checkpoint, with the `model` section that rebuilds the network
+    (`model`: that section, where the caller already has it)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
-    return {**resolved, "model": model_config(cfg)}
+    return {**resolved, "model": model_config(cfg) if model is None else model}
 
 
 def build_run(cfg: DictConfig) -> RunParts:
@@ -49,14 +50,15 @@ def build_run(cfg: DictConfig) -> RunParts:
     objective = build_objective(cfg)
     device = distributed.local_device(resolve_device(cfg.device))  # under torchrun: cuda:LOCAL_RANK
     ev = EvalSettings.of(cfg.eval)
+    spec = model_config(cfg)  # the model section: built from here and stored in every checkpoint
     with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
         encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before data is read
         # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
-        features = open_features(cfg.dataset.get("features"), encoder, model_config(cfg)["encoder"])
+        features = open_features(cfg.dataset.get("features"), encoder, spec["encoder"])
         vocab, data = build_datasets(cfg.dataset, encoder.transform(), ["train", "val", ev.split],
                                      features=features)
     objective.prepare(data["train"])  # objective=scst: the reward's references, tokenized once
-    model = build_captioner(model_config(cfg), len(vocab), encoder).to(device)
+    model = build_captioner(spec, len(vocab), encoder).to(device)
     compile_decoding(model, ev.compile)  # validation and test decoding
     if distributed.world_size() > 1 and device.type == "cuda":  # BatchNorm statistics of the global batch
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -69,7 +71,7 @@ def build_run(cfg: DictConfig) -> RunParts:
                     scheduler=scheduler, device=device,
                     amp_dtype=precision.autocast_dtype(cfg.trainer.get("precision", "fp32"), device),
                     trainer=cfg.trainer, eval=ev, loader=LoaderSettings.of(cfg.dataset), seed=int(cfg.seed),
-                    config=stored_config(cfg), instances=instances, uses_features=features is not None,
+                    config=stored_config(cfg, spec), instances=instances, uses_features=features is not None,
                     run_info={"attention": attention_name(cfg), "dataset": cfg.dataset.name})
 
 

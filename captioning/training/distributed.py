@@ -208,7 +208,6 @@ def shard(dataset: T) -> T:
     return part
 
 
-
 def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
                  batch_size: int, progress: bool) -> list[Prediction] | None:
     """evaluation's decode_split, sharded: each rank decodes its 1/N of the split and rank 0 receives every
@@ -220,6 +219,7 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
         p.index, p.alphas = rank() + world_size() * p.index, p.alphas.cpu()
     parts = gather_objects(preds)
     return sorted((p for part in parts for p in part), key=lambda p: p.index) if parts is not None else None
+
 
 class GlobalMeanBaseline(MovingAverageBaseline):
     """The REINFORCE moving-average baseline kept identical on every rank.
