@@ -13,14 +13,17 @@ authors' arctic-captions code, see experiments/README.md, "Fidelity"):
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-ATTENTION_REDUCTIONS = ("caption_mean", "batch_sum_region_mean")
-REWARDS = ("sum", "token_mean")
-REDUCTIONS = ("mean", "sum")
+# The choices, once: the objectives' signatures (and so the config checker) use these types.
+AttentionReduction = Literal["caption_mean", "batch_sum_region_mean"]
+Reward = Literal["sum", "token_mean"]
+Reduction = Literal["mean", "sum"]
 
 
 @dataclass
@@ -35,9 +38,9 @@ class LossTerms:
     entropy: torch.Tensor | None = None  # mean summed entropy H(alpha) per caption (hard attention)
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
-    """`value` if it is one of `allowed`, else a ValueError naming the option."""
-    if value not in allowed:
+def _choice(name: str, value: str, choices: Any) -> str:
+    """`value` if it is one of the `choices` (a Literal type), else a ValueError naming the option."""
+    if value not in (allowed := typing.get_args(choices)):
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     return value
 
@@ -66,7 +69,7 @@ def doubly_stochastic(alphas: torch.Tensor, step_mask: torch.Tensor, region_mask
 
     alphas (N, T, L); step_mask (N, T) true at real steps; region_mask (N, L) true at real regions.
     """
-    _choice("attention_reduction", reduction, ATTENTION_REDUCTIONS)
+    _choice("attention_reduction", reduction, AttentionReduction)
     coverage = (alphas * step_mask.unsqueeze(-1).to(alphas.dtype)).sum(dim=1)  # (N, L)
     penalty = (1.0 - coverage) ** 2  # (N, L)
     regions = penalty.new_full(penalty.shape[:1], penalty.shape[1])  # (N,) L
@@ -141,8 +144,8 @@ def hard_attention_loss(logits: torch.Tensor, targets: torch.Tensor, alphas: tor
     expected context, as arctic-captions does. Otherwise such a minibatch gets the soft loss only.
     Updates the moving-average baseline with this batch's rewards.
     """
-    _choice("reward", reward, REWARDS)
-    _choice("reduction", reduction, REDUCTIONS)
+    _choice("reward", reward, Reward)
+    _choice("reduction", reduction, Reduction)
     hard = log_probs is not None if samples_regions is None else samples_regions
     weight = attention_weight if doubly_stochastic_term or not hard else 0.0
     terms = caption_loss(logits, targets, alphas, pad_id, weight, attention_reduction=attention_reduction)

@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.tensorboard import SummaryWriter
 
+from captioning.base.moved import moved_override
 from captioning.cli import EXIT_INTERRUPTED, EXPECTED_ERRORS, fail, run_cli
 from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
@@ -107,11 +108,25 @@ def remove_if_unused(out_dir: Path) -> None:
         day.rmdir()
 
 
+def rename_moved(argv: list[str]) -> list[str]:
+    """The command line with keys that moved renamed (trainer.attention_weight -> objective.attention_weight, ...),
+    one note on stderr for each."""
+    out = []
+    for arg in argv:
+        new = moved_override(arg) if "=" in arg and not arg.startswith("-") else None
+        if new is not None:
+            print(f"{PROG}: note: {arg.partition('=')[0].lstrip('+~')} is now {new.partition('=')[0].lstrip('+~')} "
+                  f"(conf/objective/); running with {new}", file=sys.stderr)
+        out.append(new or arg)
+    return out
+
+
 def main() -> None:
     """Console entry point `captioning-train [overrides]`, also under `torchrun --nproc_per_node=N -m
     captioning.train [overrides]` (one process per GPU; global batch = N x dataset.batch_size)."""
     if distributed.init_from_env() is not None:
         sys.argv += distributed.torchrun_overrides(sys.argv[1:], CONF_DIR / "train.yaml")
+    sys.argv[1:] = rename_moved(sys.argv[1:])
     run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "train"), PROG)  # typos: one line, before Hydra starts
     try:
         hydra_main()

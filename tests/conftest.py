@@ -28,7 +28,7 @@ def tiny_model() -> Captioner:
 def shapes_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small shapes data set shared by the tests that need real files."""
     root = tmp_path_factory.mktemp("shapes")
-    return build_shapes(root, seed=1, num_train=48, num_val=12, num_test=12, image_size=32)
+    return build_shapes(root, seed=1, num_train=48, num_val=12, num_test=12, image_size=32, object_scale=1.0)
 
 
 @pytest.fixture(scope="session")

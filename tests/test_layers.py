@@ -14,6 +14,9 @@ APPS = ("captioning.train", "captioning.evaluate", "captioning.tools")
 RULE_TABLES = {"captioning.metrics.ptb_rules", "captioning.metrics.coco_words"}
 MAX_LINES = 350
 MAX_TOP_LEVEL_MODULES = 9
+# The trainer's files, kept narrow since the second layout step: no line over MAX_WIDTH characters.
+NARROW = ("captioning.training.trainer", "captioning.training.parts", "captioning.factory.run")
+MAX_WIDTH = 110
 
 
 def _module_name(path: Path) -> str:
@@ -115,6 +118,13 @@ def test_files_stay_small_and_the_top_level_short():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_the_trainer_files_keep_lines_under_110():
+    wide = {m: [i for i, line in enumerate(MODULES[m].read_text().splitlines(), 1) if len(line) > MAX_WIDTH]
+            for m in NARROW}
+    wide = {m: lines for m, lines in wide.items() if lines}
+    assert not wide, f"lines over {MAX_WIDTH} characters (module: line numbers): {wide}"
 
 
 # The floors of ARCHITECTURE.md, lowest first: a module imports its own room and rooms on lower floors only, so

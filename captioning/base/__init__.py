@@ -3,4 +3,5 @@
     constraints.py  `Annotated[int, Range(ge=1)]`: a constraint written once, in the signature; `@constrained`
     signature.py    binding a group's keys to a signature without calling it (the config checker and the registry)
     tokens.py       the special tokens and their ids (the vocabulary and decoding)
+    moved.py        config keys that moved, mapped once (old command lines and checkpoints still work)
 """

@@ -105,6 +105,13 @@ def did_you_mean(value: str, choices: Sequence[str]) -> str:
     return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
+# The shared aliases: a signature says what kind of number it takes, once, and every component uses the same words.
+Size = Annotated[int, Range(ge=1)]  # a layer width, a count of layers, heads or filters
+Count = Annotated[int, Range(ge=0)]  # how many (0 allowed)
+Weight = Annotated[float, Range(ge=0)]  # a loss weight
+Probability = Annotated[float, Range(ge=0, le=1)]
+DropoutRate = Annotated[float, Range(ge=0, lt=1)]
+
 # -- types ---------------------------------------------------------------------------------------------
 def split_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:
     """The plain type and the metadata of `Annotated[T, ...]` (also under Required/NotRequired)."""

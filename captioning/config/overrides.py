@@ -28,7 +28,8 @@ class OverrideError(ValueError):
 
 
 def _choices(conf_dir: Path, group: str) -> list[str]:
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    """A group's options; a file named _*.yaml is a part other options extend (conf/objective/_terms.yaml)."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def _groups(conf_dir: Path) -> list[str]:

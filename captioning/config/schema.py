@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 import yaml
 from omegaconf import DictConfig
 
-from captioning.base.constraints import OneOf, Pattern, Problem, Range, choose_one
+from captioning.base.constraints import Count, OneOf, Pattern, Problem, Range, Size, choose_one
 from captioning.base.signature import file_parameters
 
 # ConfigError is what validate_*_config raise, importable from here next to them.
@@ -43,8 +43,7 @@ from captioning.runtime import CONF_DIR
 MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
 METRICS = tuple(VALID_METRICS)
 
-Positive = Annotated[int, Range(ge=1)]
-Count = Annotated[int, Range(ge=0)]
+Positive = Size  # the shared aliases of captioning/base/constraints.py
 NonNegative = Annotated[float, Range(ge=0)]
 Device = Annotated[str, Pattern(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N")]
 
@@ -86,28 +85,12 @@ class EvalConfig(TypedDict):
     instances: str | None  # COCO instances file for mask-based attention correctness
 
 
-class ReinforceConfig(TypedDict):
-    """trainer.reinforce: REINFORCE weights for attention that samples regions (attention=hard)."""
-
-    reward_weight: NonNegative
-    entropy_weight: NonNegative
-    baseline_decay: Annotated[float, Range(ge=0, lt=1)]
-    num_samples: Positive
-    reward: Literal["sum", "token_mean"]  # log p(y|s,a), or divided by the caption's steps
-    reduction: Literal["mean", "sum"]  # over captions, of the REINFORCE and entropy terms
-    doubly_stochastic: bool  # trainer.attention_weight's term also trains attention that samples
-    every_batch: bool  # entropy term and baseline update also in expected-context minibatches
-
-
 class TrainerConfig(TypedDict):
     """trainer: the training loop, early stopping and logging."""
 
     max_epochs: Positive
     max_minutes: Annotated[float | None, Range(gt=0)]
     grad_clip: Annotated[float | None, Range(ge=0)]
-    attention_weight: NonNegative
-    attention_reduction: Literal["caption_mean", "batch_sum_region_mean"]
-    reinforce: ReinforceConfig
     monitor: str  # one of MONITORS (the rule below says which are computed)
     patience: Positive
     val_beam_size: Positive
@@ -133,7 +116,7 @@ class TrainConfig(TypedDict):
     decoder: Target
     optim: Target
     scheduler: Target | None  # `scheduler=none`: a constant learning rate
-    objective: Target  # conf/objective/: xe (cross-entropy) or scst (self-critical)
+    objective: Target  # conf/objective/: xe (cross-entropy) or scst (self-critical), with the loss terms' settings
     eval: EvalConfig
 
 

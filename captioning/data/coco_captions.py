@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 from pycocotools.coco import COCO
 
-from captioning.base.constraints import File, Range, constrained
+from captioning.base.constraints import Count, File, constrained
 from captioning.data.jsonio import is_id, load_json
 from captioning.data.records import SPLITS, ImageRecord
 from captioning.data.vocab import tokenize
@@ -135,8 +135,8 @@ def read_coco_captions(train_captions: Annotated[str | os.PathLike, File()],
                        val_captions: Annotated[str | os.PathLike, File()], splits: Sequence[str],
                        image_root: str | os.PathLike, train_images: str = "train2014", val_images: str = "val2014",
                        split_file: Annotated[str | os.PathLike | None, File()] = None,
-                       num_val: Annotated[int, Range(ge=0)] = 5000,
-                       num_test: Annotated[int, Range(ge=0)] = 5000) -> dict[str, list[ImageRecord]]:
+                       num_val: Count = 5000,
+                       num_test: Count = 5000) -> dict[str, list[ImageRecord]]:
     """Records of the requested splits from raw COCO caption files, split by the rule in the module docstring.
 
     Images are looked up under image_root/train_images/file_name and image_root/val_images/file_name.

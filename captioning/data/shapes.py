@@ -8,6 +8,7 @@ attention maps can be scored against ground truth.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import time
@@ -18,7 +19,7 @@ from typing import Annotated, Any, cast
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioning.base.constraints import Range, constrained
+from captioning.base.constraints import Count, Range, Size, constrained
 from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.shapes_captions import (  # noqa: F401 (re-exported)
     COLOURS,
@@ -143,11 +144,11 @@ def _image_entry(imgid: int, split: str, filename: str, image_size: int, objects
 
 
 @constrained
-def build_shapes(root: str | os.PathLike, *, seed: Annotated[int, Range(ge=0)] = 0,
-                 num_train: Annotated[int, Range(ge=1)] = 4000, num_val: Annotated[int, Range(ge=1)] = 250,
-                 num_test: Annotated[int, Range(ge=1)] = 250, image_size: Annotated[int, Range(ge=32)] = 96,
+def build_shapes(root: str | os.PathLike, *, seed: Count = 0,
+                 num_train: Size = 4000, num_val: Size = 250,
+                 num_test: Size = 250, image_size: Annotated[int, Range(ge=32)] = 64,
                  captions_per_image: Annotated[int, Range(ge=1, le=20)] = 5,
-                 object_scale: Annotated[float, Range(ge=0.5, le=1.5)] = 1.0) -> Path:
+                 object_scale: Annotated[float, Range(ge=0.5, le=1.5)] = 1.25) -> Path:
     """Generate the shapes data set under `root` (idempotent) and return the path of its JSON file.
 
     `object_scale` multiplies the object sizes (small: 0.20, large: 0.32 of the image side).
@@ -191,18 +192,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Command-line entry point: ``python -m captioning.data.shapes --root DIR``."""
     parser = argparse.ArgumentParser(description="Generate the synthetic 'shapes' captioning data set.")
     parser.add_argument("--root", required=True, help="output directory")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-train", type=int, default=4000)
-    parser.add_argument("--num-val", type=int, default=250)
-    parser.add_argument("--num-test", type=int, default=250)
-    parser.add_argument("--image-size", type=int, default=96)
-    parser.add_argument("--captions-per-image", type=int, default=5)
-    parser.add_argument("--object-scale", type=float, default=1.0)
+    defaults = {k: p.default for k, p in inspect.signature(build_shapes).parameters.items() if k != "root"}
+    for name, default in defaults.items():  # build_shapes' own defaults (= conf/dataset/shapes.yaml's)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    path = build_shapes(args.root, seed=args.seed, num_train=args.num_train, num_val=args.num_val,
-                        num_test=args.num_test, image_size=args.image_size,
-                        captions_per_image=args.captions_per_image, object_scale=args.object_scale)
+    path = build_shapes(args.root, **{name: getattr(args, name) for name in defaults})
     logger.info("shapes data set ready: %s", path)
     return path
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Annotated, Any
 
-from captioning.base.constraints import File, Range, choose_one, constrained
+from captioning.base.constraints import Count, File, choose_one, constrained
 from captioning.data.jsonio import is_id
 from captioning.data.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize
@@ -211,8 +211,8 @@ def _seeded_split(names: Sequence[PurePosixPath], val_size: int, test_size: int,
 
 @constrained
 def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
-               image_root: str | os.PathLike | None = None, val_size: Annotated[int, Range(ge=0)] = 1000,
-               test_size: Annotated[int, Range(ge=0)] = 1000, seed: int = 0) -> dict[str, list[ImageRecord]]:
+               image_root: str | os.PathLike | None = None, val_size: Count = 1000,
+               test_size: Count = 1000, seed: int = 0) -> dict[str, list[ImageRecord]]:
     """The requested splits of a caption table (.csv, .jsonl, .ndjson), by split; see the module docstring.
 
     With a `split` column each image takes the split its rows give, and val_size, test_size and seed are ignored.

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from captioning.base.moved import upgrade_config
 from captioning.checkpoint import read_checkpoint
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner
@@ -30,6 +31,8 @@ def check_config(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, Any
     Other sections (optim, trainer...) are never built from a checkpoint.
     """
     config = ckpt.get("config")
+    if isinstance(config, dict):
+        config = ckpt["config"] = upgrade_config(config)  # keys that moved since it was written, at their places
     try:
         if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
             raise ModelSpecError("it has no model config")

@@ -1,5 +1,5 @@
-"""A training run assembled from its config: every part the Trainer receives (training/parts.py) is built here,
-in the order that reports problems soonest (missing pretrained weights before any data is read)."""
+"""A training run assembled from its config: every part the Trainer receives (training/parts.py) is built
+here, in the order that reports problems soonest (missing pretrained weights before any data is read)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def build_run(cfg: DictConfig) -> RunParts:
     ev = EvalSettings.of(cfg.eval)
     spec = model_config(cfg)  # the model section: built from here and stored in every checkpoint
     with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
-        encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before data is read
+        # first: missing pretrained weights are reported before data is read
+        encoder = build_encoder(cfg.encoder)
         # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
         features = open_features(cfg.dataset.get("features"), encoder, spec["encoder"])
         vocab, data = build_datasets(cfg.dataset, encoder.transform(), ["train", "val", ev.split],
@@ -62,7 +63,8 @@ def build_run(cfg: DictConfig) -> RunParts:
     compile_decoding(model, ev.compile)  # validation and test decoding
     if distributed.world_size() > 1 and device.type == "cuda":  # BatchNorm statistics of the global batch
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the test split
+    # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the
+    # test split
     instances = load_instances(ev.instances, data[ev.split]) if distributed.is_main() else None
     optimizer = instantiate(cfg.optim)([p for p in model.parameters() if p.requires_grad])
     sched = cfg.get("scheduler")

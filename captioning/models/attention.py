@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
-from captioning.base.constraints import Range, constrained
+from captioning.base.constraints import Probability, Size, constrained
 from captioning.models import fused
 
 TestMode = Literal["expectation", "argmax", "sample"]  # hard attention at test time
@@ -112,7 +112,7 @@ class SoftAttention(Attention):
     """The paper's deterministic attention: e_ti = w^T tanh(W_a a_i + W_h h_{t-1} + b), z_t = sum_i alpha_ti a_i."""
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512):
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128):
         super().__init__(annotation_dim, hidden_dim)
         self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
@@ -141,8 +141,8 @@ class HardAttention(SoftAttention):
     TEST_MODES: tuple[str, ...] = typing.get_args(TestMode)
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512,
-                 expected_context_prob: Annotated[float, Range(ge=0, le=1)] = 0.5, test_mode: TestMode = "expectation"):
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128,
+                 expected_context_prob: Probability = 0.75, test_mode: TestMode = "expectation"):
         super().__init__(annotation_dim, hidden_dim, attention_dim)
         self.expected_context_prob, self.test_mode = expected_context_prob, test_mode
         self.sample_this_batch = True

@@ -27,12 +27,12 @@ left out, so every parameter gets a gradient.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
-from captioning.base.constraints import Range, constrained
+from captioning.base.constraints import Size, constrained
 from captioning.models.attention import (
     Attention,
     AttentionOutput,
@@ -117,7 +117,7 @@ class ConcatAttention(Attention):
     """
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512):
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128):
         super().__init__(annotation_dim, hidden_dim)
         self.W_x = nn.Linear(annotation_dim, attention_dim, bias=False)  # the a-part of W_a
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)  # the h-part of W_a
@@ -156,7 +156,7 @@ class LocalAttention(Attention):
 
     @constrained
     def __init__(self, annotation_dim: int, hidden_dim: int, score: Literal["general", "dot"] = "general",
-                 predictor_dim: Annotated[int, Range(ge=1)] = 512, half_width: Annotated[int, Range(ge=1)] = 3):
+                 predictor_dim: Size = 128, half_width: Size = 3):
         super().__init__(annotation_dim, hidden_dim)
         scorers = {"general": GeneralAttention, "dot": DotAttention}
         self.scorer = scorers[score](annotation_dim, hidden_dim)
@@ -205,8 +205,8 @@ class LocationAttention(Attention):
     """
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Annotated[int, Range(ge=1)] = 512,
-                 num_filters: Annotated[int, Range(ge=1)] = 16, kernel_size: Annotated[int, Range(ge=1)] = 5):
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128,
+                 num_filters: Size = 16, kernel_size: Size = 5):
         super().__init__(annotation_dim, hidden_dim)
         self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
@@ -249,8 +249,8 @@ class MultiHeadAttention(Attention):
     """
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, num_heads: Annotated[int, Range(ge=1)] = 8,
-                 head_dim: Annotated[int, Range(ge=1)] = 64):
+    def __init__(self, annotation_dim: int, hidden_dim: int, num_heads: Size = 4,
+                 head_dim: Size = 32):
         super().__init__(annotation_dim, hidden_dim)
         self.num_heads, self.head_dim = num_heads, head_dim
         inner = num_heads * head_dim

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from captioning.base.constraints import Range, constrained
+from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.fused import UnrolledLSTM, autocast_input
 from captioning.models.packing import StepPlan
-
-Size = Annotated[int, Range(ge=1)]  # a layer width or count, in both decoders' signatures
-DropoutRate = Annotated[float, Range(ge=0, lt=1)]
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # h (N, n), c (N, n), previous alpha (N, L)
 
@@ -118,8 +115,8 @@ class ShowAttendTellDecoder(nn.Module):
 
     @constrained
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
-                 embed_dim: Size = 512, hidden_dim: Size = 512, init_layers: Size = 1,
-                 selector: bool = True, dropout: DropoutRate = 0.5, init_from_annotations: bool = True):
+                 embed_dim: Size = 64, hidden_dim: Size = 256, init_layers: Size = 1,
+                 selector: bool = True, dropout: DropoutRate = 0.1, init_from_annotations: bool = True):
         super().__init__()
         self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
         self.attention = attention(annotation_dim=annotation_dim, hidden_dim=hidden_dim)

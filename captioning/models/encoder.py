@@ -12,7 +12,7 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
-from captioning.base.constraints import Range, constrained
+from captioning.base.constraints import Count, Range, Size, constrained
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ class SmallCNN(Encoder):
     """
 
     @constrained
-    def __init__(self, channels: Annotated[tuple[int, ...], Range(ge=1)] = (32, 64, 128, 128),
-                 num_pools: Annotated[int, Range(ge=0)] = 3, coord_channels: bool = True,
+    def __init__(self, channels: Annotated[tuple[int, ...], Range(ge=1)] = (32, 64, 128),
+                 num_pools: Count = 3, coord_channels: bool = True,
                  image_size: Annotated[int | None, Range(ge=1)] = None):
         super().__init__()
         self.coord_channels, self.image_size = coord_channels, image_size
@@ -150,7 +150,7 @@ class ResNetEncoder(_TorchvisionEncoder):
 
     @constrained
     def __init__(self, arch: ResNetArch = "resnet101", pretrained: bool = True, fine_tune: FineTune = "none",
-                 grid_size: Annotated[int, Range(ge=1)] = 14, image_size: ImageSize = 224):
+                 grid_size: Size = 14, image_size: ImageSize = 224):
         super().__init__(arch, pretrained, fine_tune, image_size)
         net = _load_torchvision(arch, pretrained)
         self.body = nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc

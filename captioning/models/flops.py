@@ -20,9 +20,9 @@ class DecoderSizes:
     vocab_size: int  # V
     annotation_dim: int  # D
     regions: int  # L
-    embed_dim: int = 512  # m
-    hidden_dim: int = 512  # n
-    attention_dim: int = 512  # A
+    embed_dim: int  # m
+    hidden_dim: int  # n
+    attention_dim: int  # A
     init_layers: int = 1
     selector: bool = True
     init_from_annotations: bool = True

@@ -22,12 +22,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from captioning.base.constraints import constrained
+from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.decoder import (
     DecoderOutput,
-    DropoutRate,  # DropoutRate and Size: the constraints both decoders declare
-    Size,
     _mlp,
     annotation_state,
     images_and_rows,
@@ -49,7 +47,7 @@ class LuongDecoder(nn.Module):
 
     @constrained
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
-                 embed_dim: Size = 512, hidden_dim: Size = 512, init_layers: Size = 1, dropout: DropoutRate = 0.5,
+                 embed_dim: Size = 64, hidden_dim: Size = 256, init_layers: Size = 1, dropout: DropoutRate = 0.1,
                  init_from_annotations: bool = True, input_feeding: bool = True):
         super().__init__()
         self.vocab_size, self.hidden_dim, self.input_feeding = vocab_size, hidden_dim, input_feeding

@@ -9,7 +9,11 @@
   reward. The baseline b is the reward of the greedy caption, decoded as at test time (`greedy`, Rennie et al.),
   or the mean reward of the image's other samples (`mean`, Luo 2020). With hard attention the regions are part
   of the sampled path: their REINFORCE term gets the same reward with hard attention's own moving-average
-  baseline (trainer.reinforce.baseline_decay), weighted by `region_weight`, plus the entropy term.
+  baseline (`baseline_decay`), weighted by `region_weight`, plus the entropy term.
+
+The terms both share are arguments of each (conf/objective/_terms.yaml, which xe.yaml and scst.yaml extend): the
+doubly stochastic term (`attention_weight`, `attention_reduction`, `doubly_stochastic`) and hard attention's
+entropy bonus and moving-average baseline (`entropy_weight`, `baseline_decay`, which the trainer reads).
 
 The trainer calls `loss(ctx, batch)` with a `LossContext`, and logs the dict returned beside the loss terms.
 """
@@ -22,11 +26,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import torch
 from torch import nn
 
-from captioning.base.constraints import Range, constrained
+from captioning.base.constraints import Range, Size, Weight, constrained
 from captioning.data.vocab import Vocabulary
 from captioning.losses import (
+    AttentionReduction,
     LossTerms,
     MovingAverageBaseline,
+    Reduction,
+    Reward,
     doubly_stochastic,
     hard_attention_loss,
     leave_one_out_baseline,
@@ -40,31 +47,8 @@ from captioning.training.scst.sampling import CaptionSampler, Samples
 if TYPE_CHECKING:
     from captioning.data.dataset import Batch, CaptionDataset
 
-Weight = Annotated[float, Range(ge=0)]
-Count = Annotated[int, Range(ge=1)]
+Decay = Annotated[float, Range(ge=0, lt=1)]
 Baseline = Literal["greedy", "mean"]
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The trainer.* settings of the terms both objectives share (doubly stochastic term, hard attention)."""
-
-    attention_weight: float
-    attention_reduction: str
-    reward_weight: float
-    entropy_weight: float
-    reward: str
-    reduction: str
-    num_samples: int
-    doubly_stochastic: bool
-    every_batch: bool
-
-    @classmethod
-    def of(cls, trainer: Any) -> LossSettings:
-        """From the `trainer` config section."""
-        rc = trainer.reinforce
-        return cls(trainer.attention_weight, trainer.attention_reduction, rc.reward_weight, rc.entropy_weight,
-                   rc.reward, rc.reduction, rc.num_samples, rc.doubly_stochastic, rc.every_batch)
 
 
 @dataclass
@@ -74,16 +58,33 @@ class LossContext:
     forward: Any  # objective.wrap(model), or the DDP wrapper around it: gradients flow through it
     model: Any  # the plain Captioner (greedy decoding)
     device: torch.device
-    amp_dtype: torch.dtype | None  # autocast dtype of the forward pass (None: fp32)
+    amp_dtype: torch.dtype | None  # autocast dtype of the forward pass (None: float32)
     baseline: MovingAverageBaseline  # hard attention's moving-average baseline of its sampled regions
-    settings: LossSettings
     samples_regions: bool  # the attention samples regions (hard attention)
 
 
 class CrossEntropy:
-    """objective=xe: maximum likelihood of the reference captions (teacher forcing), as the paper trains."""
+    """objective=xe: maximum likelihood of the reference captions (teacher forcing), as the paper trains.
+
+    attention_weight: lambda of the doubly stochastic term sum_i (1 - sum_t alpha_ti)^2, reduced as
+    `attention_reduction` says (captioning/losses.py); with attention that samples regions (attention=hard) the
+    REINFORCE terms of the paper's lower bound: `reward_weight` (lambda_r), `entropy_weight` (lambda_e), the
+    moving-average baseline's `baseline_decay`, `num_samples` attention paths per caption, the `reward` and the
+    `reduction` over captions, `doubly_stochastic` (false: lambda's term does not train such attention) and
+    `every_batch` (entropy term and baseline update also in the expected-context minibatches).
+    """
 
     fine_tunes = False  # trains from scratch
+
+    @constrained
+    def __init__(self, attention_weight: Weight = 0.0, attention_reduction: AttentionReduction = "caption_mean",
+                 reward_weight: Weight = 0.1, entropy_weight: Weight = 0.002, baseline_decay: Decay = 0.9,
+                 num_samples: Size = 1, reward: Reward = "sum", reduction: Reduction = "mean",
+                 doubly_stochastic: bool = True, every_batch: bool = False):
+        self.attention_weight, self.attention_reduction = attention_weight, attention_reduction
+        self.reward_weight, self.entropy_weight, self.baseline_decay = reward_weight, entropy_weight, baseline_decay
+        self.num_samples, self.reward, self.reduction = num_samples, reward, reduction
+        self.doubly_stochastic, self.every_batch = doubly_stochastic, every_batch
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module the loss runs its forward pass through: the captioner itself."""
@@ -94,19 +95,20 @@ class CrossEntropy:
 
     def loss(self, ctx: LossContext, batch: Batch) -> tuple[LossTerms, dict[str, float]]:
         """Teacher-forced NLL (+ the doubly stochastic term, + REINFORCE terms when attention samples regions)."""
-        s = ctx.settings
         captions, image_index = batch.captions, batch.image_index
-        if s.num_samples > 1:  # N sampled attention paths per caption
-            captions, image_index = captions.repeat(s.num_samples, 1), image_index.repeat(s.num_samples)
+        if self.num_samples > 1:  # N sampled attention paths per caption
+            captions, image_index = captions.repeat(self.num_samples, 1), image_index.repeat(self.num_samples)
         lengths = prefix_lengths(captions[:, 1:], Vocabulary.pad_id)  # real words only (None: run every step)
         with precision.autocast(ctx.device, ctx.amp_dtype):
             out = ctx.forward(batch.images, captions, image_index, lengths)
         f32 = precision.to_float32  # the loss runs in float32 whatever dtype the forward pass ran in
-        return hard_attention_loss(out.logits.float(), captions[:, 1:], out.alphas.float(), f32(out.log_probs),
-                                   f32(out.entropies), Vocabulary.pad_id, ctx.baseline, s.attention_weight,
-                                   s.reward_weight, s.entropy_weight, attention_reduction=s.attention_reduction,
-                                   reward=s.reward, reduction=s.reduction, samples_regions=ctx.samples_regions,
-                                   doubly_stochastic_term=s.doubly_stochastic, every_batch=s.every_batch), {}
+        terms = hard_attention_loss(
+            out.logits.float(), captions[:, 1:], out.alphas.float(), f32(out.log_probs), f32(out.entropies),
+            Vocabulary.pad_id, ctx.baseline, self.attention_weight, self.reward_weight, self.entropy_weight,
+            attention_reduction=self.attention_reduction, reward=self.reward, reduction=self.reduction,
+            samples_regions=ctx.samples_regions, doubly_stochastic_term=self.doubly_stochastic,
+            every_batch=self.every_batch)
+        return terms, {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -143,10 +145,12 @@ class SelfCritical:
     fine_tunes = True  # starts from a trained model (init_from)
 
     @constrained
-    def __init__(self, baseline: Baseline = "mean", samples_per_image: Count = 5, max_len: Count = 16,
+    def __init__(self, baseline: Baseline = "mean", samples_per_image: Size = 5, max_len: Size = 16,
                  temperature: Annotated[float, Range(gt=0)] = 1.0, top_k: Annotated[int | None, Range(ge=1)] = None,
                  cider_weight: Weight = 1.0, bleu4_weight: Weight = 0.0, end_token: bool = True,
-                 region_weight: Weight = 1.0):
+                 region_weight: Weight = 1.0, attention_weight: Weight = 0.0,
+                 attention_reduction: AttentionReduction = "caption_mean", entropy_weight: Weight = 0.002,
+                 baseline_decay: Decay = 0.9, doubly_stochastic: bool = True):
         if baseline == "mean" and samples_per_image < 2:
             raise ValueError("SelfCritical: baseline=mean (the other samples' mean reward) needs samples_per_image "
                              f">= 2, got {samples_per_image}; raise it or use baseline=greedy")
@@ -155,6 +159,9 @@ class SelfCritical:
         self.baseline, self.samples_per_image, self.max_len = baseline, samples_per_image, max_len
         self.temperature, self.top_k, self.region_weight = temperature, top_k, region_weight
         self.weights, self.end_token = (cider_weight, bleu4_weight), end_token
+        self.attention_weight, self.attention_reduction = attention_weight, attention_reduction
+        self.entropy_weight, self.baseline_decay = entropy_weight, baseline_decay
+        self.doubly_stochastic = doubly_stochastic
         self.reward: CaptionReward | None = None
         self.vocab: Vocabulary | None = None
 
@@ -194,12 +201,12 @@ class SelfCritical:
 
     def terms(self, samples: Samples, rewards: torch.Tensor, b: torch.Tensor, ctx: LossContext) -> LossTerms:
         """-mean (r - b) log q(y) (+ the doubly stochastic term; + the regions' REINFORCE and entropy terms)."""
-        s, mask = ctx.settings, samples.mask
+        mask = samples.mask
         steps = mask.to(samples.log_probs.dtype)  # (N, T)
         total = reinforce_loss(samples.log_probs, rewards, b, mask)
         nll = -(samples.log_probs.detach() * steps).sum(dim=1)  # (N,) -log q(y) of each sample
-        weight = s.attention_weight if s.doubly_stochastic or not ctx.samples_regions else 0.0
-        reg = doubly_stochastic(samples.alphas, mask, None, s.attention_reduction) if weight else total.new_zeros(())
+        weight = self.attention_weight if self.doubly_stochastic or not ctx.samples_regions else 0.0
+        reg = doubly_stochastic(samples.alphas, mask, None, self.attention_reduction) if weight else total.new_zeros(())
         total = total + weight * reg
         policy = entropy = None
         if samples.region_log_probs is not None and samples.entropies is not None:  # hard attention sampled regions
@@ -207,7 +214,7 @@ class SelfCritical:
             policy = reinforce_loss(samples.region_log_probs, rewards, region_b, mask)
             entropy = (samples.entropies * steps).sum(dim=1).mean()
             ctx.baseline.update(rewards)
-            total = total + self.region_weight * policy - s.entropy_weight * entropy
+            total = total + self.region_weight * policy - self.entropy_weight * entropy
         return LossTerms(total, nll.mean(), nll.sum() / steps.sum().clamp(min=1), reg, policy, entropy)
 
     def state_dict(self) -> dict[str, Any]:

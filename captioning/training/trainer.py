@@ -1,6 +1,6 @@
-"""The training loop: one `Trainer` holds everything a run's state is made of, so it is checkpointed and resumed
-as one piece (exactly: see captioning/training/randomness.py), validated by real decoding every epoch, and
-evaluated on the test split at the end."""
+"""The training loop: one `Trainer` holds everything a run's state is made of, so it is checkpointed and
+resumed as one piece (exactly: see captioning/training/randomness.py), validated by real decoding every
+epoch, and evaluated on the test split at the end."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from captioning.models.captioner import Captioner, selects_regions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.items import Prediction
 from captioning.training import distributed, precision, randomness, schedule
-from captioning.training.objectives import LossContext, LossSettings
+from captioning.training.objectives import LossContext
 from captioning.training.parts import RunParts
 from captioning.training.stop import StopRequest, TrainingInterrupted
 
@@ -46,17 +46,19 @@ class Trainer:
         self.epoch, self.step, self.best, self.bad_epochs = 0, 0, float("-inf"), 0
         self.history: list[dict[str, Any]] = []
         self.train_seconds, self.epoch_started = 0.0, time.monotonic()
-        # Mid-epoch: where the epoch in progress stands (batches done, running sums), so a checkpoint taken there
-        # resumes at the next batch; None between epochs.
+        # Mid-epoch: where the epoch in progress stands (batches done, running sums), so a checkpoint taken
+        # there resumes at the next batch; None between epochs.
         self.position: dict[str, Any] | None = None
         self.stop = StopRequest()  # train() installs its signal handlers around fit(); inactive otherwise
-        decay = self.tc.reinforce.baseline_decay  # under torchrun: one baseline of the global batch on every rank
+        # under torchrun: one baseline of the global batch on every rank
+        decay = self.objective.baseline_decay
         synced = distributed.initialized()
         self.baseline = distributed.GlobalMeanBaseline(decay) if synced else MovingAverageBaseline(decay)
         self.ckpt_dir = out_dir / "checkpoints"
-        self.scaler = precision.grad_scaler(self.amp_dtype, self.device)  # fp16 only; bf16 needs no loss scaling
-        self.step_stats: dict[str, float] = {}  # what the objective logs besides the loss terms, for the last step
-        self.loss_settings = LossSettings.of(self.tc)  # read from the config once, not at every step
+        # fp16 only; bf16 needs no loss scaling
+        self.scaler = precision.grad_scaler(self.amp_dtype, self.device)
+        # what the objective logs besides the loss terms, for the last step
+        self.step_stats: dict[str, float] = {}
         self.forward_model = self.wrap_forward()
         params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         logger.info("model: %.2fM trainable parameters on %s", params / 1e6, self.device)
@@ -64,7 +66,8 @@ class Trainer:
     def wrap_forward(self) -> torch.nn.Module:
         """The module the loss runs through: the objective's view of the model (the captioner itself, or for
         objective=scst a module whose forward samples captions), under torchrun wrapped in DDP, which averages
-        gradients over the ranks during backward. Decoding and checkpoints use `self.model`, the plain captioner."""
+        gradients over the ranks during backward. Decoding and checkpoints use `self.model`, the plain
+        captioner."""
         forward = self.objective.wrap(self.model)
         if not distributed.initialized():
             return forward
@@ -105,7 +108,8 @@ class Trainer:
             plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)
 
     def read_same_model(self, path: Path, action: str, advice: str) -> dict[str, Any]:
-        """Read a checkpoint of this run's model config and vocabulary and load its weights; refuse any other."""
+        """Read a checkpoint of this run's model config and vocabulary and load its weights; refuse any
+        other."""
         ckpt = read_checkpoint(path, map_location=self.device)
         if ckpt["config"]["model"] != self.parts.config["model"] or Vocabulary(ckpt["vocab"]) != self.vocab:
             raise ValueError(f"cannot {action} {path}: it was trained with a different model config or "
@@ -129,44 +133,51 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.position = ckpt.get("position")
         rng = ckpt.get("rng") or []
-        if len(rng) == distributed.world_size():  # no set_seed after this: the run's streams go on where they were
+        # no set_seed after this: the run's streams go on where they were
+        if len(rng) == distributed.world_size():
             randomness.set_rng_state(rng[distributed.rank()], self.device)
         else:
-            logger.warning("%s holds the random state of %d process(es), this launch has %d: the resumed run goes "
-                           "on from here but will not repeat an uninterrupted one exactly", path, len(rng),
-                           distributed.world_size())
+            logger.warning("%s holds the random state of %d process(es), this launch has %d: the resumed run "
+                           "goes on from here but will not repeat an uninterrupted one exactly", path,
+                           len(rng), distributed.world_size())
         self.write_history()  # the finished epochs, whatever an interrupted run left in history.json
-        where = f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position else f"epoch {self.epoch}"
+        where = (f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position
+                 else f"epoch {self.epoch}")
         logger.info("resumed from %s at %s (best %s %.4f)", path, where, self.tc.monitor, self.best)
 
     def init_weights(self, path: Path) -> None:
-        """init_from=PATH: start from a checkpoint's weights only (same model config and vocabulary), with this
-        run's fresh optimizer, schedule and counters (e.g. self-critical training after cross-entropy)."""
+        """init_from=PATH: start from a checkpoint's weights only (same model config and vocabulary), with
+        this run's fresh optimizer, schedule and counters (e.g. self-critical training after
+        cross-entropy)."""
         ckpt = self.read_same_model(path, "init_from", "give this run the checkpoint's encoder, attention, "
                                     "decoder and dataset settings")
         logger.info("initialised the weights from %s (epoch %s of its run)", path, ckpt.get("epoch"))
 
     # -- loops -------------------------------------------------------------------------------
     def loss(self, batch: Batch) -> LossTerms:
-        """Forward one minibatch and compute the objective's loss (objective=xe: teacher forcing, with REINFORCE
-        terms when attention samples regions); what the objective logs besides goes to `step_stats`."""
+        """Forward one minibatch and compute the objective's loss (objective=xe: teacher forcing, with
+        REINFORCE terms when attention samples regions); what the objective logs besides goes to
+        `step_stats`."""
         self.model.decoder.attention.begin_batch()
         ctx = LossContext(self.forward_model, self.model, self.device, self.amp_dtype, self.baseline,
-                          self.loss_settings, selects_regions(self.model))
+                          selects_regions(self.model))
         terms, self.step_stats = self.objective.loss(ctx, batch)
         return terms
 
     def optimizer_step(self, loss: torch.Tensor) -> None:
-        """Backward (DDP averages gradients over the ranks here), clipping and one step; fp16 scales the loss."""
-        precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(), self.tc.grad_clip)
+        """Backward (DDP averages gradients over the ranks here), clipping and one step; fp16 scales the
+        loss."""
+        precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(),
+                                 self.tc.grad_clip)
 
     def train_loader(self, start: int = 0) -> tuple[DataLoader, int]:
         """This epoch's shuffled training batches from batch `start` on, and the epoch's number of batches.
 
-        The order is a pure function of (seed, epoch) (randomness.epoch_batches), so a resumed run reads the same
-        batches. Under torchrun each rank reads its own 1/N of the epoch (DistributedSampler, set_epoch), so the
-        global batch is N x dataset.batch_size images (dataset.batch_unit=captions: captions, each distinct
-        image of a batch encoded once). dataset.length_buckets: batches of similar caption lengths."""
+        The order is a pure function of (seed, epoch) (randomness.epoch_batches), so a resumed run reads the
+        same batches. Under torchrun each rank reads its own 1/N of the epoch (DistributedSampler, set_epoch),
+        so the global batch is N x dataset.batch_size images (dataset.batch_unit=captions: captions, each
+        distinct image of a batch encoded once). dataset.length_buckets: batches of similar caption
+        lengths."""
         dc, seed = self.parts.loader, self.parts.seed
         ds, collate = training_view(self.data["train"], dc.batch_unit)
         sampler: DistributedSampler | None = None
@@ -175,36 +186,41 @@ class Trainer:
             sampler.set_epoch(self.epoch)
         buckets = dc.length_buckets
         lengths = item_lengths(ds) if buckets else None
-        batches = randomness.epoch_batches(len(ds), dc.batch_size, seed, self.epoch, distributed.rank(), sampler,
-                                           lengths, buckets)
-        workers = torch.Generator().manual_seed(randomness.derive_seed(seed, self.epoch, distributed.rank(), start))
+        batches = randomness.epoch_batches(len(ds), dc.batch_size, seed, self.epoch, distributed.rank(),
+                                           sampler, lengths, buckets)
+        worker_seed = randomness.derive_seed(seed, self.epoch, distributed.rank(), start)
+        workers = torch.Generator().manual_seed(worker_seed)
         return DataLoader(randomness.SeededItems(ds), batch_sampler=batches[start:], collate_fn=collate,
                           num_workers=dc.num_workers, generator=workers), len(batches)
 
     def train_epoch(self, writer: SummaryWriter | distributed.NullWriter,
                     deadline: float | None) -> tuple[dict[str, float], bool]:
-        """One pass over the training split (the rest of it after a mid-epoch resume); returns mean losses and
-        whether the time budget ran out. trainer.checkpoint_every: last.pt every N steps, with the position."""
+        """One pass over the training split (the rest of it after a mid-epoch resume); returns mean losses
+        and whether the time budget ran out. trainer.checkpoint_every: last.pt every N steps, with the
+        position."""
         self.model.train()
         pos = self.position or {"batch": 0, "count": 0, "skipped": [],
                                 "sums": {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}}
         done, sums, n, skipped = pos["batch"], dict(pos["sums"]), pos["count"], list(pos["skipped"])
         loader, num_batches = self.train_loader(done)
-        bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", initial=done, total=num_batches,
-                   disable=not (self.tc.progress and self.is_main))
+        bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", initial=done,
+                   total=num_batches, disable=not (self.tc.progress and self.is_main))
         every, out_of_time = self.tc.get("checkpoint_every"), False
         for batch in bar:
             done += 1
             skipped += batch.skipped
-            if distributed.any_rank(not batch.indices):  # all ranks skip together, or DDP's gradient sync would hang
+            # all ranks skip together, or DDP's gradient sync would hang
+            if distributed.any_rank(not batch.indices):
                 continue
             terms = self.loss(batch.to(self.device))
             self.optimizer_step(terms.total)
             if isinstance(self.baseline, distributed.GlobalMeanBaseline) and selects_regions(self.model):
-                self.baseline.sync()  # the same decision on every rank: the attention type, not this step's coin
+                # the same decision on every rank: the attention type, not this step's coin
+                self.baseline.sync()
             self.step += 1
             vals: dict[str, float] = {"loss": terms.total.item(), "nll": terms.nll.item(),
-                                      "token_nll": terms.token_nll.item(), "attention_reg": terms.attention_reg.item()}
+                                      "token_nll": terms.token_nll.item(),
+                                      "attention_reg": terms.attention_reg.item()}
             if terms.policy is not None and terms.entropy is not None:
                 vals.update(policy=terms.policy.item(), entropy=terms.entropy.item())
                 if self.baseline.value is not None:  # set by the loss's first update
@@ -218,7 +234,8 @@ class Trainer:
                 for k, v in distributed.pooled_means(vals, 1).items():
                     writer.add_scalar(f"train/{k}", v, self.step)
             stop = distributed.any_rank(self.stop.requested is not None)  # every rank stops at the same step
-            if stop or (every and self.step % every == 0 and done < num_batches):  # else the epoch's end writes it
+            # done < num_batches: else the epoch's end writes it
+            if stop or (every and self.step % every == 0 and done < num_batches):
                 self.position = {"batch": done, "sums": dict(sums), "count": n, "skipped": list(skipped)}
                 state = self.training_state()
                 if self.is_main:
@@ -230,8 +247,8 @@ class Trainer:
                 out_of_time = True
                 break
         if skipped:
-            logger.warning("epoch %d: skipped %d unreadable training images: %s", self.epoch + 1, len(skipped),
-                           "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+            logger.warning("epoch %d: skipped %d unreadable training images: %s", self.epoch + 1,
+                           len(skipped), "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
         num_skipped = sum(distributed.all_gather_objects(len(skipped)))
         self.position = None
         return distributed.pooled_means(sums, n) | {"skipped_images": num_skipped}, out_of_time
@@ -242,8 +259,8 @@ class Trainer:
         the others None), without moving training's random streams (e.g. test_mode=sample)."""
         progress = self.tc.progress and self.is_main
         with randomness.forked(self.device):
-            return distributed.decode_split(self.model, dataset, beam_size, max_len, length_penalty, batch_size,
-                                            progress)
+            return distributed.decode_split(self.model, dataset, beam_size, max_len, length_penalty,
+                                            batch_size, progress)
 
     def validate(self) -> dict[str, Any]:
         """Decode the validation split (real decoding) and score it; every rank gets rank 0's scores, so early
@@ -264,8 +281,9 @@ class Trainer:
             self.train_seconds += time.monotonic() - self.epoch_started
             if self.tc.monitor not in val:
                 dataset = self.parts.run_info["dataset"]
-                raise ValueError(f"trainer.monitor={self.tc.monitor} is not available on {dataset} (attention "
-                                 "correctness needs object boxes); monitor CIDEr or BLEU instead")
+                raise ValueError(f"trainer.monitor={self.tc.monitor} is not available on {dataset} "
+                                 "(attention correctness needs object boxes); monitor CIDEr or BLEU "
+                                 "instead")
             score = float(val[self.tc.monitor])
             self.history.append({"epoch": self.epoch, "step": self.step, **losses,
                                  **{f"val_{k}": v for k, v in val.items() if isinstance(v, (int, float))}})
@@ -276,24 +294,26 @@ class Trainer:
             improved = score > self.best
             self.best, self.bad_epochs = (score, 0) if improved else (self.best, self.bad_epochs + 1)
             state = self.training_state()
-            if self.is_main:  # one copy of every file: rank 0's; last.pt last, so a run stopped before it repeats all
+            # one copy of every file: rank 0's; last.pt last, so a run stopped before it repeats all
+            if self.is_main:
                 if improved:
                     self.save("best.pt", state)
                 self.write_history()
                 self.save("last.pt", state)
-            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s", self.epoch,
-                        losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
+            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s",
+                        self.epoch, losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
                         val.get("attention_correctness", float("nan")), " (best)" if improved else "")
             if out_of_time:
                 logger.info("time budget of %s minutes reached", budget)
                 break
-            if distributed.any_rank(self.stop.requested is not None):  # the epoch's last.pt is the place to stop
+            # the epoch's last.pt is the place to stop
+            if distributed.any_rank(self.stop.requested is not None):
                 raise TrainingInterrupted(self.stop.requested or "signal", self.epoch, self.step,
                                           self.ckpt_dir / "last.pt")
 
     def test(self) -> dict[str, Any]:
-        """Evaluate the best checkpoint on the test split with the eval settings (evaluate_split); rank 0 writes
-        metrics.json and the figures; every rank returns the metrics."""
+        """Evaluate the best checkpoint on the test split with the eval settings (evaluate_split); rank 0
+        writes metrics.json and the figures; every rank returns the metrics."""
         distributed.barrier()  # rank 0 has written best.pt
         best = read_checkpoint(self.ckpt_dir / "best.pt", map_location=self.device)
         self.model.load_state_dict(best["model"])
@@ -304,4 +324,5 @@ class Trainer:
                                  before=self.parts.run_info, after=after,
                                  decode=lambda model, ds, ev: self.decode(ds, ev.beam_size, ev.max_len,
                                                                           ev.length_penalty, ev.batch_size))
-        return distributed.broadcast_object(metrics)  # type: ignore[arg-type]  # rank 0's metrics on every rank
+        # rank 0's metrics on every rank
+        return distributed.broadcast_object(metrics)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ def test_paper_presets(preset):
     dataset = preset.split("_")[0]
     assert cfg.dataset.name == dataset and cfg.dataset.max_vocab == 10000
     scst = preset.endswith("_scst")  # self-critical fine-tuning selects by the CIDEr it optimises
-    assert cfg.trainer.attention_weight == 1.0 and cfg.decoder.dropout == 0.5
+    assert cfg.objective.attention_weight == 1.0 and cfg.decoder.dropout == 0.5
     assert cfg.trainer.monitor == ("CIDEr" if scst else "Bleu_4")
     assert cfg.objective._target_.endswith("SelfCritical" if scst else "CrossEntropy")
     assert cfg.encoder.pretrained is True

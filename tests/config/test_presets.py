@@ -9,15 +9,16 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from captioning.data.dataset import Batch, CaptionDataset, CaptionPairs, collate, collate_pairs, training_view
 from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
+from captioning.factory import registry
 from captioning.losses import MovingAverageBaseline
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoder import DecoderOutput
 from captioning.runtime import CONF_DIR
-from captioning.training.objectives import CrossEntropy, LossSettings
 from captioning.training.trainer import Trainer
 
 CONF = CONF_DIR
@@ -49,15 +50,15 @@ def test_optimiser_batches_and_schedule(preset):
     assert cfg.dataset.batch_unit == "captions" and cfg.dataset.batch_size == 64  # evaluate_coco.py:L39
     assert cfg.dataset.captions_per_image is None
     assert cfg.trainer.grad_clip is None and not cfg.scheduler.get("_target_")  # no clipping, constant step
-    assert cfg.decoder.dropout == 0.5 and cfg.trainer.attention_weight == 1.0  # evaluate_coco.py:L67, L73
-    rc = cfg.trainer.reinforce
+    assert cfg.decoder.dropout == 0.5 and cfg.objective.attention_weight == 1.0  # evaluate_coco.py:L67, L73
+    rc = cfg.objective
     assert (rc.reward_weight, rc.entropy_weight, rc.baseline_decay, rc.num_samples) == (0.1, 0.002, 0.9, 1)
 
 
 def test_defaults_keep_this_projects_normalisation():
     cfg = _compose()
-    rc = cfg.trainer.reinforce
-    assert cfg.dataset.batch_unit == "images" and cfg.trainer.attention_reduction == "caption_mean"
+    rc = cfg.objective
+    assert cfg.dataset.batch_unit == "images" and rc.attention_reduction == "caption_mean"
     assert (rc.reward, rc.reduction, rc.doubly_stochastic, rc.every_batch) == ("sum", "mean", True, False)
 
 
@@ -119,12 +120,11 @@ def _trainer(cfg, attention, out: DecoderOutput, baseline: float | None) -> Trai
     """A Trainer with only what Trainer.loss reads: the preset's trainer section, its attention, a fixed forward."""
     trainer = object.__new__(Trainer)
     trainer.tc, trainer.device, trainer.amp_dtype = cfg.trainer, torch.device("cpu"), None
-    trainer.objective = CrossEntropy()
+    trainer.objective = registry.build("objective", OmegaConf.to_container(cfg.objective))  # the preset's terms
     trainer.model = SimpleNamespace(decoder=SimpleNamespace(attention=attention))
     trainer.forward_model = lambda images, captions, image_index, lengths=None: out
-    trainer.baseline = MovingAverageBaseline(cfg.trainer.reinforce.baseline_decay)
+    trainer.baseline = MovingAverageBaseline(cfg.objective.baseline_decay)
     trainer.baseline.value = baseline
-    trainer.loss_settings = LossSettings.of(cfg.trainer)
     return trainer
 
 

@@ -274,24 +274,31 @@ def weighted_objective(vocab_size: int, weight: Annotated[float, Range(ge=0)],
     """A stand-in for a component someone adds later (a conf/objective/ group)."""
 
 
+def _objective(spec: str):
+    """The default config with its objective group replaced by `spec` (a YAML mapping)."""
+    cfg = _compose()
+    cfg.objective = OmegaConf.create(yaml.safe_load(spec))
+    return cfg
+
+
 def test_a_new_target_group_is_checked_by_its_signature_without_schema_edits(monkeypatch):
     target = f"{__name__}.weighted_objective"
     monkeypatch.setitem(registry.GROUPS, "objective", {target: weighted_objective})
     monkeypatch.setitem(registry.BUILDER_ARGS, "objective", ("vocab_size",))
-    validate_train_config(_compose(f"+objective={{_target_: {target}, weight: 0.5}}"))
+    validate_train_config(_objective(f"{{_target_: {target}, weight: 0.5}}"))
     with pytest.raises(ConfigError) as err:
-        validate_train_config(_compose(f"+objective={{_target_: {target}, weight: -1, reduction: meen, vocab_size: 3, "
-                                       "weigth: 1}"))
+        validate_train_config(_objective(f"{{_target_: {target}, weight: -1, reduction: meen, vocab_size: 3, "
+                                         "weigth: 1}"))
     assert err.value.problems == [
         ("objective.weight", "=-1: must be >= 0"),
         ("objective.reduction", "='meen': choose one of mean, sum (did you mean 'mean'?)"),
         ("objective.vocab_size", "set by the code that builds weighted_objective, not by a config"),
         ("objective.weigth", "unknown key (did you mean 'weight'?)")]
     with pytest.raises(ConfigError, match=r"objective: unknown type 'os.makedirs'; choose one of weighted_objective"):
-        validate_train_config(_compose("+objective={_target_: os.makedirs, name: x}"))
+        validate_train_config(_objective("{_target_: os.makedirs, name: x}"))
     monkeypatch.delitem(registry.GROUPS, "objective")  # unregistered: refused, its target never looked up
     with pytest.raises(ConfigError, match=r"objective: a _target_ group this project cannot check"):
-        validate_train_config(_compose(f"+objective={{_target_: {target}, weight: 0.5}}"))
+        validate_train_config(_objective(f"{{_target_: {target}, weight: 0.5}}"))
 
 
 # -- the data reader, chosen by `_target_` ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from PIL import Image
 from captioning.data import shapes
 from captioning.data.shapes import COLOUR_RGB, COLOURS, RELATION_WORDS, SHAPES, SIZES, build_shapes
 
-SMALL = dict(num_train=20, num_val=5, num_test=5, image_size=96, captions_per_image=5)
+SMALL = dict(num_train=20, num_val=5, num_test=5, image_size=96, captions_per_image=5, object_scale=1.0)
 COUNT_WORDS = {"two": 2, "three": 3}
 
 
@@ -258,7 +258,7 @@ def test_meta_records_parameters(built: tuple[Path, dict]) -> None:
     root, _ = built
     meta = json.loads((root / "meta.json").read_text())
     assert meta["version"] == shapes.GENERATOR_VERSION
-    assert meta["params"] == {"seed": 0, "object_scale": 1.0, **SMALL}
+    assert meta["params"] == {"seed": 0, **SMALL}
 
 
 def test_cli(tmp_path: Path) -> None:

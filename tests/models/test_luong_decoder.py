@@ -151,7 +151,7 @@ def test_a_tiny_model_overfits_one_batch(name):
 @pytest.mark.parametrize("attention", ["hard", pytest.param("local", marks=pytest.mark.slow)])
 def test_train_app_with_the_luong_decoder(shapes_json, tmp_path, attention):
     cfg = compose_tiny_train(shapes_json, "decoder=luong", "decoder.embed_dim=16", "decoder.hidden_dim=32",
-                   f"attention={attention}", "trainer.max_epochs=1", "trainer.attention_weight=1.0",
+                   f"attention={attention}", "trainer.max_epochs=1", "objective.attention_weight=1.0",
                    "attention.expected_context_prob=0.0" if attention == "hard" else "attention.half_width=2")
     metrics = train(cfg, tmp_path)
     assert 0 <= metrics["Bleu_4"] <= 1 and len(list((tmp_path / "figures").glob("*.png"))) >= 1

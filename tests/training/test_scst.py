@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures import TINY_ENCODER, TINY_MODEL
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
@@ -28,7 +29,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.train import train
-from captioning.training.objectives import LossContext, LossSettings, SelfCritical, self_critical_baseline
+from captioning.training.objectives import LossContext, SelfCritical, self_critical_baseline
 from captioning.training.scst.rewards import CaptionReward
 from captioning.training.scst.sampling import Samples, sample_captions
 
@@ -49,15 +50,8 @@ def _compose(*overrides: str):
         return compose("train", overrides=list(overrides))
 
 
-def _settings(**kw) -> LossSettings:
-    base = dict(attention_weight=0.0, attention_reduction="caption_mean", reward_weight=0.1, entropy_weight=0.0,
-                reward="sum", reduction="mean", num_samples=1, doubly_stochastic=True, every_batch=False)
-    return LossSettings(**{**base, **kw})
-
-
-def _context(forward, model, samples_regions=False, **kw) -> LossContext:
-    return LossContext(forward, model, torch.device("cpu"), None, MovingAverageBaseline(0.9), _settings(**kw),
-                       samples_regions)
+def _context(forward, model, samples_regions=False) -> LossContext:
+    return LossContext(forward, model, torch.device("cpu"), None, MovingAverageBaseline(0.9), samples_regions)
 
 
 # -- the reward ---------------------------------------------------------------------------------------------
@@ -139,7 +133,8 @@ def test_loss_terms_of_a_hand_made_batch():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
     samples = Samples(torch.zeros(4, 3, dtype=torch.long), log_probs, mask, torch.full((4, 3, 2), 0.5))
     rewards, b = torch.tensor([1.0, 0.0, 2.0, 0.5]), torch.tensor([0.5, 0.5, 1.0, 1.0])
-    terms = SelfCritical(baseline="greedy", samples_per_image=2).terms(samples, rewards, b, _context(None, None))
+    objective = SelfCritical(baseline="greedy", samples_per_image=2, entropy_weight=0.0)
+    terms = objective.terms(samples, rewards, b, _context(None, None))
     seq = torch.tensor([-3.5, -1.5, -0.5, -3.5])  # sum_t log q(y_t) over each sample's steps
     adv = torch.tensor([0.5, -0.5, 1.0, -0.5])
     assert terms.total.item() == pytest.approx(-(adv * seq).mean().item())
@@ -154,17 +149,13 @@ def tiny(train_records):
     """A tiny soft-attention captioner over the shapes vocabulary, a training split and an SCST objective on it."""
     torch.manual_seed(0)
     vocab = Vocabulary.build(c for r in train_records for c in r.captions)
-    spec = {"encoder": {"_target_": "captioning.models.encoder.SmallCNN", "channels": [8, 16], "num_pools": 2},
-            "attention": {"_target_": "captioning.models.attention.SoftAttention", "attention_dim": 16},
-            "decoder": {"_target_": "captioning.models.decoder.ShowAttendTellDecoder", "embed_dim": 16,
-                        "hidden_dim": 32, "dropout": 0.0}}
-    model = build_captioner(spec, len(vocab))
+    model = build_captioner(TINY_MODEL, len(vocab))
     data = CaptionDataset(train_records, vocab, model.encoder.transform())
     return model, data
 
 
 def _scst(data, **kw) -> SelfCritical:
-    objective = SelfCritical(**{"samples_per_image": 3, "max_len": 8, **kw})
+    objective = SelfCritical(**{"samples_per_image": 3, "max_len": 8, "entropy_weight": 0.0, **kw})
     objective.prepare(data)
     return objective
 
@@ -282,7 +273,7 @@ def test_the_estimator_is_unbiased_for_the_exact_gradient_of_the_expected_reward
     a = torch.randn(1, L, D)
     reward = TableReward()
     exact = _exact_gradient(model, a, reward, hard, monkeypatch)
-    objective = SelfCritical(baseline=baseline, samples_per_image=4, max_len=T)
+    objective = SelfCritical(baseline=baseline, samples_per_image=4, max_len=T, entropy_weight=0.0)
     objective.vocab, objective.reward = Vocabulary(WORDS), reward
     images, ctx = a.expand(500, L, D), _context(objective.wrap(model), model, samples_regions=hard)
     batch = collate([{"image": a[0], "captions": [torch.tensor([1, 2])], "index": 0}] * 500)
@@ -307,7 +298,7 @@ ATTENTIONS = sorted(p.stem for p in (Path(CONF) / "attention").glob("*.yaml"))
 DECODERS = sorted(p.stem for p in (Path(CONF) / "decoder").glob("*.yaml"))
 SMALL = ["attention.attention_dim=8", "attention.head_dim=4", "attention.num_heads=2", "attention.predictor_dim=8",
          "attention.num_filters=4", "attention.expected_context_prob=0.0", "decoder.embed_dim=8",
-         "decoder.hidden_dim=16", "encoder.channels=[8,16]", "encoder.num_pools=2"]
+         "decoder.hidden_dim=16", *TINY_ENCODER]
 
 
 @pytest.mark.parametrize("decoder", DECODERS)
@@ -323,10 +314,9 @@ def test_every_attention_and_decoder_trains_with_scst(tiny, attention, decoder):
     torch.manual_seed(0)
     model = build_captioner(spec, len(data.vocab))
     model.train()
-    objective = _scst(data, baseline="greedy")
+    objective = _scst(data, baseline="greedy", entropy_weight=0.002)
     batch = collate([data[i] for i in range(3)])
-    ctx = _context(objective.wrap(model), model, samples_regions=isinstance(model.decoder.attention, HardAttention),
-                   entropy_weight=0.002)
+    ctx = _context(objective.wrap(model), model, samples_regions=isinstance(model.decoder.attention, HardAttention))
     model.decoder.attention.begin_batch()
     terms, stats = objective.loss(ctx, batch)
     terms.total.backward()
@@ -345,8 +335,7 @@ def test_cached_annotations_and_bf16(tiny):
     cached = Batch(model.encode(batch.images)[0].detach(), batch.captions, batch.image_index, batch.indices)
     runs = {}
     for name, b, dtype in (("images", batch, None), ("cached", cached, None), ("bf16", cached, torch.bfloat16)):
-        ctx = LossContext(objective.wrap(model), model, torch.device("cpu"), dtype, MovingAverageBaseline(),
-                          _settings(), False)
+        ctx = LossContext(objective.wrap(model), model, torch.device("cpu"), dtype, MovingAverageBaseline(), False)
         torch.manual_seed(6)
         runs[name] = objective.loss(ctx, b)
     (images, s_images), (cached_terms, s_cached), (low, s_low) = runs["images"], runs["cached"], runs["bf16"]
@@ -371,7 +360,7 @@ def test_cached_annotations_and_bf16(tiny):
 def _tiny_run(shapes_json, *extra):
     return _compose(f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
                     "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
-                    "dataset.generate.seed=1", "dataset.batch_size=8", "encoder.channels=[8,16]", "encoder.num_pools=2",
+                    "dataset.generate.seed=1", "dataset.batch_size=8", *TINY_ENCODER,
                     "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
                     "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false",
                     "device=cpu", *extra)

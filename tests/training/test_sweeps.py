@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import TINY_ENCODER
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep
@@ -27,7 +28,7 @@ def _tiny(shapes_json):
     return [f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
             "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
             "dataset.generate.object_scale=1.0", "attention.attention_dim=16", "dataset.batch_size=8",
-            "encoder.channels=[8,16]", "encoder.num_pools=2", "decoder.embed_dim=16", "decoder.hidden_dim=32",
+            *TINY_ENCODER, "decoder.embed_dim=16", "decoder.hidden_dim=32",
             "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "trainer.max_epochs=1"]
 
 
@@ -127,7 +128,7 @@ def test_optuna_sweep_returns_the_best_validation_cider(shapes_json, tmp_path):
                       *_tiny(shapes_json))
     runs = collect_runs(sweep)
     assert len(runs) == 2 and all(r.finished for r in runs)
-    assert {"optim.lr", "decoder.dropout", "trainer.attention_weight"} <= set(runs[0].overrides)
+    assert {"optim.lr", "decoder.dropout", "objective.attention_weight"} <= set(runs[0].overrides)
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(max(r.metrics["val_CIDEr"] for r in runs))
 

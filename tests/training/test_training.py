@@ -104,7 +104,7 @@ def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
 
 @pytest.mark.parametrize("attention", ["hard", "location", "multihead"])
 def test_train_app_with_other_attention(shapes_json, tmp_path, attention):
-    cfg = compose_tiny_train(shapes_json, f"attention={attention}", "trainer.max_epochs=1", "trainer.reinforce.num_samples=2",
+    cfg = compose_tiny_train(shapes_json, f"attention={attention}", "trainer.max_epochs=1", "objective.num_samples=2",
                    "attention.expected_context_prob=0.0" if attention == "hard" else "seed=0")
     metrics = train(cfg, tmp_path)
     assert metrics["attention"] == cfg.attention._target_.rsplit(".", 1)[-1]  # outside a Hydra app: the class
