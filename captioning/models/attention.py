@@ -20,6 +20,7 @@ from torch import nn
 
 from captioning.base.constraints import Probability, Size, constrained
 from captioning.models import fused
+from captioning.models.rows import rows_per_image
 
 TestMode = Literal["expectation", "argmax", "sample"]  # hard attention at test time
 
@@ -46,15 +47,6 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)
-
-
-def rows_per_image(images: int, rows: int) -> int:
-    """k such that `rows` = images * k query rows hold k consecutive rows per image."""
-    if images == 0:
-        return 1
-    if rows % images:
-        raise ValueError(f"attention got {rows} query rows for {images} images; rows must be a multiple of images")
-    return rows // images
 
 
 def row_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

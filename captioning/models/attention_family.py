@@ -33,14 +33,8 @@ import torch
 from torch import nn
 
 from captioning.base.constraints import Size, constrained
-from captioning.models.attention import (
-    Attention,
-    AttentionOutput,
-    additive_scores,
-    attend,
-    masked_softmax,
-    rows_per_image,
-)
+from captioning.models.attention import Attention, AttentionOutput, additive_scores, attend, masked_softmax
+from captioning.models.rows import rows_per_image
 
 
 def resolve_grid(num_regions: int, grid: tuple[int, int] | None) -> tuple[int, int]:

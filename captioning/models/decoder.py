@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +21,7 @@ from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.fused import UnrolledLSTM, autocast_input
 from captioning.models.packing import StepPlan
+from captioning.models.rows import images_and_rows, plain_rows, repeat_rows
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # h (N, n), c (N, n), previous alpha (N, L)
 
@@ -61,51 +61,12 @@ def annotation_state(a: torch.Tensor, mask: torch.Tensor | None, init_h: nn.Modu
     return torch.tanh(init_h(mean)), torch.tanh(init_c(mean)), alpha0
 
 
-def images_and_rows(a: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None,
-                    image_index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
-    """Per-image tensors for N captions: kept per image with k = N / B captions each when image_index is
-    0..0, 1..1, ... (k each; attention shares a and keys), else gathered per caption (k = 1)."""
-    if image_index is None:
-        return a, keys, mask, 1
-    B, N = a.shape[0], image_index.shape[0]
-    k = N // B if B else 0
-    if k and N == B * k and torch.equal(image_index, torch.arange(B, device=image_index.device).repeat_interleave(k)):
-        return a, keys, mask, k
-    return a[image_index], keys[image_index], None if mask is None else mask[image_index], 1  # (N, L, D), ...
-
-
-def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
-    """Apply fn to every tensor of a decoder state: a tensor, or tuples of them (nested), row first; None stays."""
-    if state is None:
-        return None
-    if isinstance(state, torch.Tensor):
-        return fn(state)
-    if isinstance(state, (tuple, list)):
-        items = [map_state(fn, s) for s in state]
-        return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
-    raise TypeError(f"decoder state must be tensors (row first) in tuples, got {type(state).__name__}")
-
-
-def repeat_rows(state: Any, k: int) -> Any:
-    """Every row of a decoder state (or any tensors in tuples, row first) repeated k times, consecutively: row
-    b k + j is copy j of row b (the k captions, beams or samples of image b)."""
-    return state if k == 1 else map_state(lambda x: x.repeat_interleave(k, dim=0), state)
-
-
 def plain_output(logits: torch.Tensor, atts: list[AttentionOutput], betas: list[torch.Tensor]) -> DecoderOutput:
     """A step-by-step loop's outputs stacked over steps: logits (N, T, V), alphas (N, T, L), betas (N, T)."""
     sampled = bool(atts) and atts[0].log_prob is not None  # hard attention's REINFORCE terms
     return DecoderOutput(logits, torch.stack([x.alpha for x in atts], 1), torch.stack(betas, 1),
                          torch.stack([x.log_prob for x in atts], 1) if sampled else None,  # type: ignore[misc]
                          torch.stack([x.entropy for x in atts], 1) if sampled else None)  # type: ignore[misc]
-
-
-def plain_rows(a: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None,
-               image_index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Every caption's own copy of its image's a (N, L, D), keys and mask, as the paper's loop has them."""
-    if image_index is None:
-        return a, keys, mask
-    return a[image_index], keys[image_index], None if mask is None else mask[image_index]
 
 
 class ShowAttendTellDecoder(nn.Module):

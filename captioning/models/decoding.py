@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from captioning.base.constraints import check_decoding
 from captioning.base.tokens import END_ID, PAD_ID, START_ID
 from captioning.models.attention import AttentionOutput
-from captioning.models.decoder import map_state, repeat_rows
 from captioning.models.fused import autocast_input
+from captioning.models.rows import live_rows, map_state, repeat_rows, select_rows
 
 
 class StepDecoder(Protocol):
@@ -72,16 +72,6 @@ def compact_due(done: torch.Tensor) -> tuple[bool, bool]:
     that each copy of a, keys and the state is paid back by the steps after it."""
     n = int(done.sum())
     return n == done.shape[0], n > 0 and 4 * n >= done.shape[0]
-
-
-def live_rows(keep: torch.Tensor, k: int) -> torch.Tensor:
-    """The k consecutive rows b k .. b k + k - 1 of each kept image b (n,) -> (n k,)."""
-    return (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
-
-
-def select_rows(index: torch.Tensor, *tensors: torch.Tensor | None) -> list[Any]:
-    """These rows of each tensor (None stays None)."""
-    return [None if x is None else x.index_select(0, index) for x in tensors]
 
 
 def _put(out: torch.Tensor, live: torch.Tensor | None, value: torch.Tensor) -> None:

@@ -24,17 +24,10 @@ from torch import nn
 
 from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
-from captioning.models.decoder import (
-    DecoderOutput,
-    _mlp,
-    annotation_state,
-    images_and_rows,
-    plain_output,
-    plain_rows,
-    repeat_rows,
-)
+from captioning.models.decoder import DecoderOutput, _mlp, annotation_state, plain_output
 from captioning.models.fused import UnrolledLinear, UnrolledLSTM, autocast_input
 from captioning.models.packing import StepPlan
+from captioning.models.rows import images_and_rows, plain_rows, repeat_rows
 
 # h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
 LuongState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
