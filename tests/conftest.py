@@ -3,8 +3,10 @@ helpers: fixtures.py)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,27 @@ from captioning.data.shapes import build_shapes
 from captioning.factory.models import build_captioner
 from captioning.models.captioner import Captioner
 from captioning.train import train
+
+# One intra-op thread, as the subprocesses the tests start get (OMP_NUM_THREADS=1): the tests' tensors are small, so a
+# second thread gains little, and where another process shares the CPU (a second test run on a 2-core machine) two
+# threads per process made in-process tests up to 20 times slower (PyTorch's threads wait for each other at every op).
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_jvm_in_process(pytestconfig: pytest.Config) -> Iterator[None]:
+    """A run of the in-process tier only (`make test-fast`: -m "... not integration") starts no Java process: there
+    `tokenizer="auto"` (the scoring of every training and evaluation) finds no Java and tokenizes with the
+    pure-Python PTB tokenizer, token for token Java's (tests/metrics), instead of a JVM per scoring (0.3-1 s each,
+    about 140 of them). The tests that need Java (`needs_java`) are in the integration tier; a run with that tier
+    (`make test`) sees Java as it is."""
+    if not re.search(r"\bnot\s+integration\b", pytestconfig.getoption("markexpr") or ""):
+        yield
+        return
+    which = shutil.which
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shutil, "which", lambda name, *a, **k: None if name == "java" else which(name, *a, **k))
+        yield
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 
 from captioning.runtime import CONF_DIR
 
-# Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it.
+# Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it, and are in the
+# integration tier (`@pytest.mark.integration` above `@needs_java`): each call starts a Java process, and a run of
+# the in-process tier alone hides Java (conftest.py's no_jvm_in_process).
 HAS_JAVA = shutil.which("java") is not None
 needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 
@@ -34,7 +36,7 @@ TINY_MODEL = {
 
 def tiny_overrides(root: str | os.PathLike, *extra: str, sizes: tuple[int, int, int] = (48, 12, 12),
                    batch_size: int = 8, object_scale: float | None = 1.0, epochs: int | None = None,
-                   num_figures: int = 2) -> list[str]:
+                   num_figures: int = 1) -> list[str]:
     """Hydra overrides of a tiny training run on a `shapes` set of 32 px images generated under `root` (seed 1),
     then `extra`: `sizes` = (train, val, test) images; `object_scale` None keeps the config's; `epochs` None
     keeps trainer.max_epochs. The tiny model of TINY_MODEL (attention_dim 16 unless `extra` picks an attention),

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_MODEL
+from fixtures import TINY_CHANNELS, TINY_MODEL, TINY_POOLS
 
 from captioning.data import disk
 from captioning.data.disk import MARGIN_BYTES, MARGIN_PER_ROW, NotEnoughSpaceError, cache_bytes, check_free_space
@@ -71,9 +71,9 @@ def test_grid_size_is_found_before_any_image_is_read_when_the_transform_fixes_th
     resnet = _resnet().eval()
     with torch.no_grad():
         assert _row_shape(resnet, resnet.transform()) == (4, 512)  # 2 x 2 x 512
-        small = SmallCNN(channels=(8, 16), num_pools=2)
+        small = SmallCNN(channels=TINY_CHANNELS, num_pools=TINY_POOLS)
         assert _row_shape(small, small.transform()) is None  # images kept at their size: known at the first batch
-        sized = SmallCNN(channels=(8, 16), num_pools=2, image_size=32).eval()
+        sized = SmallCNN(channels=TINY_CHANNELS, num_pools=TINY_POOLS, image_size=32).eval()
         assert _row_shape(sized, sized.transform()) == (64, 16)  # 8 x 8 x 16
 
 
@@ -96,7 +96,7 @@ def test_extraction_is_refused_before_it_starts(shapes_json, tmp_path, monkeypat
 
 def test_without_a_fixed_image_size_the_check_runs_at_the_first_batch(shapes_json, tmp_path, monkeypatch):
     records = read_karpathy(shapes_json, "test")[:4]
-    encoder = SmallCNN(channels=(8, 16), num_pools=2).requires_grad_(False)
+    encoder = SmallCNN(channels=TINY_CHANNELS, num_pools=TINY_POOLS).requires_grad_(False)
     _free(monkeypatch, _need(4, 64 * 16) - 1)  # 32 px, two pools: 8 x 8 x 16
     with pytest.raises(NotEnoughSpaceError, match=r"4 images still to extract"):
         extract_features(records, encoder, TINY_MODEL["encoder"], tmp_path / "cache", batch_size=4, progress=False)

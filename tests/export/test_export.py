@@ -94,6 +94,8 @@ def exported(trained, tmp_path_factory) -> tuple[Path, str]:
     return out, buf.getvalue()
 
 
+# The tests of the trained default-sized model are in the integration tier: `trained` runs 8 epochs first.
+@pytest.mark.integration
 def test_the_command_writes_three_graphs_and_the_manifest_and_prints_their_sizes(exported):
     out, printed = exported
     lines = printed.strip().splitlines()
@@ -109,6 +111,7 @@ def test_the_command_writes_three_graphs_and_the_manifest_and_prints_their_sizes
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging folder left behind
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("beam", [1, 3])
 def test_default_model_captions_match_pytorch_word_for_word(trained, exported, beam):
     model, vocab, _ = load_model(trained[0])
@@ -125,6 +128,7 @@ def test_default_model_captions_match_pytorch_word_for_word(trained, exported, b
     assert_same_captions(runner, images.numpy(), model, beam)  # maps too
 
 
+@pytest.mark.integration
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
 def test_torchscript_files_load_and_caption_as_the_model(trained, tmp_path):
     out = tmp_path / "ts"
@@ -261,18 +265,29 @@ def test_a_crop_larger_than_the_image_pads_as_torchvision():
 
 # -- bad input ----------------------------------------------------------------------------------------------------
 
-def _copy(exported, tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def exported_small(shapes32, tmp_path_factory) -> Path:
+    """A random tiny model (TINY_MODEL: no resize) exported for 64 x 64 images, as `exported` is: an export to break
+    or feed bad input, without the 8 epochs of `trained`."""
+    vocab, _ = shapes32
+    out = tmp_path_factory.mktemp("exported_small")
+    export_model(random_model(TINY_MODEL, vocab), vocab, out, "onnx", image_size=64, model_config=TINY_MODEL,
+                 optimize=False)
+    return out
+
+
+def _copy(exported: Path, tmp_path) -> Path:
     folder = tmp_path / "copy"
-    shutil.copytree(exported[0], folder)
+    shutil.copytree(exported, folder)
     return folder
 
 
-def test_a_folder_that_is_not_an_export_is_refused(tmp_path, exported):
+def test_a_folder_that_is_not_an_export_is_refused(tmp_path, exported_small):
     with pytest.raises(FileNotFoundError, match="has no captioning.json"):
         Runner(tmp_path)
     with pytest.raises(FileNotFoundError, match="export folder not found"):
         Runner(tmp_path / "missing")
-    folder = _copy(exported, tmp_path)
+    folder = _copy(exported_small, tmp_path)
     (folder / "step.onnx").unlink()
     with pytest.raises(FileNotFoundError, match="incomplete export: step.onnx"):
         Runner(folder)
@@ -288,24 +303,24 @@ def test_a_folder_that_is_not_an_export_is_refused(tmp_path, exported):
     (lambda text: text.replace('"state_in_0"', '"h_in"'), "not this version's"),
     (lambda text: text.replace('"to_tensor"', '"to_tensors"'), "unknown preprocessing step"),
 ])
-def test_a_malformed_or_foreign_manifest_is_one_clear_error(exported, tmp_path, edit, message):
-    folder = _copy(exported, tmp_path)
+def test_a_malformed_or_foreign_manifest_is_one_clear_error(exported_small, tmp_path, edit, message):
+    folder = _copy(exported_small, tmp_path)
     path = folder / MANIFEST
     path.write_text(edit(path.read_text()))
     with pytest.raises(ValueError, match=message):
         Runner(folder)
 
 
-def test_a_corrupt_graph_and_a_wrong_image_size_are_refused(exported, tmp_path):
-    folder = _copy(exported, tmp_path)
+def test_a_corrupt_graph_and_a_wrong_image_size_are_refused(exported_small, tmp_path):
+    folder = _copy(exported_small, tmp_path)
     (folder / "init.onnx").write_bytes(b"not a graph")
     with pytest.raises(ValueError, match="init.onnx is not a loadable ONNX graph"):
         Runner(folder)
     with pytest.raises(ValueError, match="is 40 x 30 pixels after preprocessing, but this export takes 64 x 64"):
-        Runner(exported[0]).caption([Image.new("RGB", (40, 30), "red")])
+        Runner(exported_small).caption([Image.new("RGB", (40, 30), "red")])
 
 
-def test_the_commands_give_one_error_line_for_bad_input(tmp_path, exported, capsys):
+def test_the_commands_give_one_error_line_for_bad_input(tmp_path, capsys):
     (tmp_path / "notes.pt").write_text("not a checkpoint")
     cases = [
         (export_main, ["--checkpoint", str(tmp_path / "notes.pt"), "--out", str(tmp_path / "o")],
@@ -322,13 +337,18 @@ def test_the_commands_give_one_error_line_for_bad_input(tmp_path, exported, caps
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
-def test_the_runner_command_captions_and_skips_unreadable_images(trained, exported, tmp_path, capsys):
+def test_the_runner_command_captions_and_skips_unreadable_images(exported_small, tmp_path, capsys):
     (tmp_path / "bad.png").write_text("not an image")
-    paths = [str(p) for p in trained[1][:3]]
-    assert runner_main([str(exported[0]), *paths, str(tmp_path / "bad.png"), "--beam-size", "3"]) == 1
+    paths = []
+    for k, colour in enumerate(("red", "teal", "gold")):  # 64 px, the export's size
+        image = Image.new("RGB", (64, 64), "grey")
+        image.paste(colour, (8 * k, 4 * k, 8 * k + 30, 4 * k + 24))
+        image.save(tmp_path / f"{colour}.png")
+        paths.append(str(tmp_path / f"{colour}.png"))
+    assert runner_main([str(exported_small), *paths, str(tmp_path / "bad.png"), "--beam-size", "3"]) == 1
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == paths
-    expected = Runner(exported[0]).caption(paths, beam_size=3)
+    expected = Runner(exported_small).caption(paths, beam_size=3)
     assert [line.split("\t")[1] for line in lines] == [" ".join(c.words) for c in expected]
     assert "skipped" in err and "bad.png" in err and len(err.strip().splitlines()) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures import TINY_ENCODER
 from PIL import Image
 from pycocotools import mask as mask_utils
 from torchvision import transforms as T
@@ -282,6 +283,7 @@ def test_malformed_segmentation_names_the_file_and_annotation(tmp_path: Path) ->
 # ------------------------------------------------------------------------------------------------
 # captioning-evaluate and captioning-train end to end (tiny models, a few seconds)
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.integration  # trains 8 epochs end to end first
 def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes(shapes_json, tmp_path, monkeypatch):
     """With instance masks drawn as the `shapes` boxes (and shape/colour words mapped to categories), the mask
     measure from `eval.instances` equals the box-based one on the same decoded split."""
@@ -297,7 +299,7 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
     train_overrides = [f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
                        "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
                        "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "attention.attention_dim=16",
-                       "dataset.batch_size=8", "encoder.channels=[8,16]", "encoder.num_pools=2", "decoder.embed_dim=16",
+                       "dataset.batch_size=8", *TINY_ENCODER, "decoder.embed_dim=16",
                        "decoder.hidden_dim=32", "trainer.progress=false", "eval.metrics=[bleu]", "eval.num_figures=0",
                        # long enough for the test captions to name shapes: the last of 8 epochs names 18 (4 epochs
                        # named 13 with dense teacher forcing, none with real words only: other dropout draws; with

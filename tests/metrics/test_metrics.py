@@ -190,6 +190,7 @@ def java_scores() -> CaptionScores:
 # ------------------------------------------------------------------------------------------------
 # Identical to pycocoevalcap
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.integration
 @needs_java
 def test_overall_scores_identical_to_pycocoevalcap(java_scores: CaptionScores, reference_scores) -> None:
     overall, _ = reference_scores
@@ -205,6 +206,7 @@ def test_overall_scores_identical_to_pycocoevalcap(java_scores: CaptionScores, r
     assert java_scores.overall["CIDEr"] > 1.0
 
 
+@pytest.mark.integration
 @needs_java
 def test_per_image_scores_identical_to_pycocoevalcap(java_scores: CaptionScores, reference_scores) -> None:
     _, per_image = reference_scores
@@ -215,6 +217,7 @@ def test_per_image_scores_identical_to_pycocoevalcap(java_scores: CaptionScores,
         assert scores["METEOR"] == pytest.approx(per_image[key]["METEOR"], rel=0, abs=1e-6), key
 
 
+@pytest.mark.integration
 @needs_java
 def test_empty_candidates_score_zero(java_scores: CaptionScores) -> None:
     # "" and "..." tokenize to nothing; pycocoevalcap scores them 0 on every metric (no special rule)
@@ -237,6 +240,7 @@ def _meteor_children() -> list[str]:
     return found
 
 
+@pytest.mark.integration
 @needs_java
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_no_meteor_process_left_behind(java_scores: CaptionScores) -> None:
@@ -267,6 +271,7 @@ def test_meteor_closed_even_after_a_failure() -> None:
 # ------------------------------------------------------------------------------------------------
 # Python tokenizer
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.integration
 @needs_java
 def test_python_tokenizer_gives_the_same_scores(java_scores: CaptionScores) -> None:
     py = score_captions(CANDIDATES, REFERENCES, metrics=("bleu", "rouge", "cider"), tokenizer="python")
@@ -348,6 +353,7 @@ TOKENIZER_CAPTIONS = [
 ]
 
 
+@pytest.mark.integration
 @needs_java
 def test_python_tokenizer_matches_the_java_tokenizer() -> None:
     """Same tokens as pycocoevalcap's own PTBTokenizer (Java) on realistic captions.
@@ -417,6 +423,7 @@ def test_python_tokenizer_structure() -> None:
         ptb_tokenize({1: "not a list"})  # type: ignore[dict-item]
 
 
+@pytest.mark.integration
 @needs_java
 def test_java_wrapper_line_breaks_and_non_ascii() -> None:
     """Line breaks inside a caption become spaces (no misaligned captions); UTF-8 round-trips."""

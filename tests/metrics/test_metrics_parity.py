@@ -85,6 +85,7 @@ def test_corpus_is_realistic(corpus) -> None:
     assert realistic_corpus(20, seed=0) == realistic_corpus(20, seed=0)  # deterministic
 
 
+@pytest.mark.integration
 @needs_java
 def test_java_path_equals_pycocoevalcap(corpus, reference) -> None:
     ours = score_captions(*corpus, metrics=("bleu", "rouge", "cider"), tokenizer="ptb-java")
@@ -93,6 +94,7 @@ def test_java_path_equals_pycocoevalcap(corpus, reference) -> None:
     assert 0.3 < reference[0]["Bleu_4"] < 0.6 and 1.0 < reference[0]["CIDEr"] < 2.5  # a plausible regime
 
 
+@pytest.mark.integration
 @needs_java
 def test_java_free_path_equals_pycocoevalcap(corpus, reference, monkeypatch: pytest.MonkeyPatch) -> None:
     from captioning.metrics import coco
@@ -105,6 +107,7 @@ def test_java_free_path_equals_pycocoevalcap(corpus, reference, monkeypatch: pyt
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 @needs_java
 def test_all_metrics_with_meteor_equal_pycocoevalcap(corpus) -> None:
     """METEOR included (two METEOR 1.5 runs over 400 images: 1-3 minutes on one busy core)."""

@@ -147,6 +147,7 @@ def test_plain_words_take_the_shortcut_and_assimilations_do_not() -> None:
     assert ptb_tokenize({1: ["Gonna go, cannot stay."]}) == {1: ["gon na go can not stay"]}
 
 
+@pytest.mark.integration
 @needs_java
 def test_python_tokenizer_matches_java_on_varied_captions() -> None:
     """ptb_tokenize against the jar on thousands of realistic captions (four seeds) and the adversarial
@@ -162,6 +163,7 @@ def test_python_tokenizer_matches_java_on_varied_captions() -> None:
 JAVA_ADVERSARIAL = [c for c in ADVERSARIAL if c.isprintable() and "\u00ad" not in c]
 
 
+@pytest.mark.integration
 @needs_java
 def test_dunno_is_kept_whole_as_by_java() -> None:
     captions = {1: ["I dunno.", "Dunno what", "dunnox is", "a dunno-thing", "we dunno's", "DUNNO"]}

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fixtures import TINY_ENCODER
 from hydra import compose, initialize_config_dir
 from PIL import Image
 from test_html_report import _items
@@ -81,7 +82,7 @@ def test_training_run_writes_curves_and_report(shapes_json, tmp_path):
             f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
             "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
             "dataset.generate.object_scale=1.0", "attention.attention_dim=16", "dataset.batch_size=8",
-            "encoder.channels=[8,16]", "encoder.num_pools=2", "decoder.embed_dim=16", "decoder.hidden_dim=32",
+            *TINY_ENCODER, "decoder.embed_dim=16", "decoder.hidden_dim=32",
             "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "trainer.max_epochs=2"])
     train(cfg, tmp_path)
     history = json.loads((tmp_path / "history.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
+from fixtures import TINY_ENCODER, TINY_MODEL
 from PIL import Image
 
 from captioning.checkpoint import save_checkpoint
@@ -25,7 +25,7 @@ TINY_SHAPES = ["dataset.generate.num_train=48", "dataset.generate.num_val=12", "
                "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.generate.object_scale=1.0",
                "dataset.batch_size=8", "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=1",
                "device=cpu"]
-TINY_TRAIN = ["encoder.channels=[8,16]", "encoder.num_pools=2", "attention.attention_dim=16", "decoder.embed_dim=16",
+TINY_TRAIN = [*TINY_ENCODER, "attention.attention_dim=16", "decoder.embed_dim=16",
               "decoder.hidden_dim=32", "trainer.max_epochs=1"]
 FROZEN_RESNET = ["encoder=resnet50", "encoder.arch=resnet18", "encoder.pretrained=false", "encoder.fine_tune=none",
                  "encoder.image_size=32", "encoder.grid_size=2"]

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import TINY_ENCODER
 
 pytestmark = pytest.mark.integration  # every test here starts a subprocess
 
 BIN = Path(sys.executable).parent
 TINY = ["dataset.generate.num_train=48", "dataset.generate.num_val=12", "dataset.generate.num_test=12",
-        "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.batch_size=4", "encoder.channels=[8,16]",
-        "encoder.num_pools=2", "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
+        "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.batch_size=4", *TINY_ENCODER,
+        "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
         "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false", "device=cpu"]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import TINY_ENCODER
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import collate
@@ -25,7 +26,7 @@ def _cfg(shapes_json: Path, *overrides: str):
             f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
             "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
             "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "dataset.batch_size=8",
-            "encoder.channels=[8,16]", "encoder.num_pools=2", "attention.attention_dim=16", "decoder.embed_dim=16",
+            *TINY_ENCODER, "attention.attention_dim=16", "decoder.embed_dim=16",
             "decoder.hidden_dim=32", "decoder.dropout=0.0", "trainer.progress=false", "trainer.max_epochs=1",
             "eval.metrics=[bleu,cider]", "eval.num_figures=0", "device=cpu", *overrides])
 

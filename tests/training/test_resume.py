@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from fixtures import TINY_ENCODER
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -39,7 +40,7 @@ EPOCHS, STEPS_PER_EPOCH = 4, 6
 KILLABLE = """
 import os, signal, sys, types
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_resume, and the fixtures it imports
 import captioning.checkpoint as ck
 import captioning.training.trainer as tr
 from captioning.train import train
@@ -93,7 +94,7 @@ def tiny(root: Path, *extra: str) -> list[str]:
     """Overrides of a tiny 4-epoch run on a 24/4/4-image shapes set under `root`."""
     return [f"dataset.root={root}", "dataset.generate.num_train=24", "dataset.generate.num_val=4",
             "dataset.generate.num_test=4", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.batch_size=4", "encoder.channels=[8,16]", "encoder.num_pools=2", "attention.attention_dim=16",
+            "dataset.batch_size=4", *TINY_ENCODER, "attention.attention_dim=16",
             "decoder.embed_dim=16", "decoder.hidden_dim=32", "trainer.progress=false", f"trainer.max_epochs={EPOCHS}",
             "eval.metrics=[bleu,cider]", "eval.beam_size=2", "eval.num_figures=0", "eval.report=false",
             "device=cpu", *extra]

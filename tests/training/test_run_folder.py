@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import TINY_ENCODER
 from hydra import compose, initialize_config_dir
 
 from captioning.runtime import CONF_DIR
@@ -35,7 +36,7 @@ def _cfg(shapes_json: Path, *extra: str):
         return compose("train", overrides=[
             f"dataset.root={shapes_json.parent}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
             "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.batch_size=8", "encoder.channels=[8,16]", "encoder.num_pools=2", "attention.attention_dim=16",
+            "dataset.batch_size=8", *TINY_ENCODER, "attention.attention_dim=16",
             "decoder.embed_dim=16", "decoder.hidden_dim=32", "trainer.max_epochs=1", "trainer.progress=false",
             "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false", "device=cpu", *extra])
 

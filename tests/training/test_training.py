@@ -76,6 +76,7 @@ def test_foreign_or_missing_checkpoint_is_refused(tmp_path):
         read_checkpoint(tmp_path / "junk.pt")
 
 
+@pytest.mark.integration  # three epochs end to end: trained, then resumed
 def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
     cfg = compose_tiny_train(shapes_json, "trainer.max_epochs=2")
     metrics = train(cfg, tmp_path)
