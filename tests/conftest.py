@@ -19,8 +19,9 @@ from captioning.models.captioner import Captioner
 from captioning.train import train
 
 # One intra-op thread, as the subprocesses the tests start get (OMP_NUM_THREADS=1): the tests' tensors are small, so a
-# second thread gains little, and where another process shares the CPU (a second test run on a 2-core machine) two
-# threads per process made in-process tests up to 20 times slower (PyTorch's threads wait for each other at every op).
+# second thread gains little alone, and where another process shares the CPU it costs much (PyTorch's threads wait for
+# each other at every op): two runs at once of tests/models/test_fast_path.py and test_luong_decoder.py on a 2-core
+# machine took 90 s each with two threads per process, 40 s with one.
 torch.set_num_threads(1)
 
 
