@@ -4,6 +4,7 @@ project's classes, with arguments of their constructors) before anything is buil
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -63,28 +64,80 @@ def load_model(path: str | os.PathLike,
                map_location: str | torch.device = "cpu") -> tuple[Captioner, Vocabulary, dict[str, Any]]:
     """Rebuild the model from a checkpoint's (checked) config and load its weights; returns model, vocab, checkpoint.
 
+    The model is first built on the `meta` device (shapes only, no memory) and every parameter's and buffer's
+    shape and dtype compared with the stored weights, so a config asking for more than its weights hold is
+    refused before anything is allocated: a real model is built only once it is known to be the size of the
+    weights the file holds.
+
     Raises UnsafeCheckpointError (a ValueError, one line) for a config naming anything but this project's
-    components, and ValueError for a config or weights that do not make a model.
+    components, and ValueError for a config, vocabulary or weights that do not make a model.
     """
     ckpt = read_checkpoint(path, map_location)
     model_cfg = dict(check_config(ckpt, path)["model"])
-    vocab = Vocabulary(ckpt["vocab"])
+    vocab = checkpoint_vocabulary(ckpt, path)
     if "pretrained" in model_cfg["encoder"]:  # the checkpoint holds the weights: never download them again
         model_cfg["encoder"] = {**model_cfg["encoder"], "pretrained": False}
+    weights = ckpt.get("model")
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise ValueError(f"checkpoint {path}: its 'model' entry is not a state_dict of tensors")
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        shapes = _build(model_cfg, len(vocab), path)
+    check_weights(shapes.state_dict(), weights, len(vocab), path)
+    model = _build(model_cfg, len(vocab), path)  # now known to be the size of the stored weights
     try:
-        model = build_captioner(model_cfg, len(vocab), prefix="model.")
-    except ModelSpecError as err:
-        raise UnsafeCheckpointError(f"checkpoint {path}: {err}; refusing to load it") from None
-    except (TypeError, AttributeError, KeyError, IndexError, RuntimeError) as err:  # checked types, odd values
-        raise ValueError(f"checkpoint {path}: its model config does not build a model "
-                         f"({type(err).__name__}: {_first_line(err)})") from err
-    try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as err:
         raise ValueError(f"checkpoint {path}: its weights do not fit the model its config describes "
                          f"({_first_line(err)})") from err
     model.to(map_location).eval()
     return model, vocab, ckpt
+
+
+def checkpoint_vocabulary(ckpt: dict[str, Any], path: str | os.PathLike) -> Vocabulary:
+    """The checkpoint's vocabulary: a list of distinct strings starting with the special tokens."""
+    words = ckpt.get("vocab")
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise ValueError(f"checkpoint {path}: its vocabulary is not a list of words")
+    try:
+        return Vocabulary(words)
+    except ValueError as err:
+        raise ValueError(f"checkpoint {path}: {err}") from None
+
+
+def _build(model_cfg: dict[str, Any], vocab_size: int, path: str | os.PathLike) -> Captioner:
+    try:
+        return build_captioner(model_cfg, vocab_size, prefix="model.")
+    except ModelSpecError as err:
+        raise UnsafeCheckpointError(f"checkpoint {path}: {err}; refusing to load it") from None
+    except (TypeError, AttributeError, KeyError, IndexError, RuntimeError, ValueError,
+            NotImplementedError) as err:  # checked types, odd values
+        raise ValueError(f"checkpoint {path}: its model config does not build a model "
+                         f"({type(err).__name__}: {_first_line(err)})") from err
+
+
+def check_weights(expected: Mapping[str, torch.Tensor], stored: Mapping[str, torch.Tensor], vocab_size: int,
+                  path: str | os.PathLike) -> None:
+    """Refuse stored weights whose keys, shapes or dtypes differ from the model's (given on the meta device), with
+    one line naming the first difference; a size that differs where the model has the vocabulary's size is named
+    as the vocabulary's."""
+    missing = [k for k in expected if k not in stored]
+    unexpected = [k for k in stored if k not in expected]
+    if missing or unexpected:
+        what = (f"no weights for {missing[0]!r} ({len(missing)} missing)" if missing
+                else f"weights for {unexpected[0]!r}, which its model does not have ({len(unexpected)} extra)")
+        raise ValueError(f"checkpoint {path}: its config describes another model than its weights: {what}")
+    for key, want in expected.items():
+        have = stored[key]
+        if have.shape != want.shape:
+            vocab_dims = [d for d, n in enumerate(want.shape) if n == vocab_size and have.dim() == want.dim()
+                          and have.shape[d] != n]
+            if vocab_dims and all(have.shape[d] == want.shape[d] for d in range(want.dim()) if d not in vocab_dims):
+                raise ValueError(f"checkpoint {path}: its vocabulary has {vocab_size} words but its weights are "
+                                 f"for {have.shape[vocab_dims[0]]} ({key} is {tuple(have.shape)})")
+            raise ValueError(f"checkpoint {path}: its config describes another model than its weights: {key} is "
+                             f"{tuple(want.shape)} in the model and {tuple(have.shape)} in the file")
+        if have.dtype != want.dtype:
+            raise ValueError(f"checkpoint {path}: {key} is stored as {have.dtype}, the model has {want.dtype}")
 
 
 def _first_line(err: BaseException) -> str:
