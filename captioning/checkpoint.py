@@ -1,6 +1,7 @@
 """The one checkpoint format: a plain dict of state_dicts, the resolved config and the vocabulary.
 
-Written atomically (tmp file, then os.replace), so an interrupted save never leaves a broken file. A
+Written through base/files.py's atomic writer (tmp file, fsync, rename), so an interrupted or failed save (a full
+disk) never leaves a broken file: the previous last.pt stays whole and the run stays resumable. A
 checkpoint is data, never code: it is read with `weights_only=True` (no pickled objects). Rebuilding a model
 from one (its config checked against the registry first) is `captioning.factory.checkpoints.load_model`.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from captioning.base.files import atomic_file
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
 
@@ -21,13 +23,14 @@ FORMAT = "captioning/v1"
 
 def save_checkpoint(path: str | os.PathLike, model: Captioner, vocab: Vocabulary, config: dict[str, Any],
                     **extra: Any) -> Path:
-    """Write model weights, config (plain containers), vocabulary and `extra` (optimizer state, epoch...)."""
+    """Write model weights, config (plain containers), vocabulary and `extra` (optimizer state, epoch...).
+
+    A failed write raises an OSError `cannot write PATH: REASON` and leaves the file at `path` as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "model": model.state_dict(), "config": config, "vocab": vocab.to_list(), **extra}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    with atomic_file(path) as f:
+        torch.save(payload, f)
     return path
 
 

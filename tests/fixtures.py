@@ -55,3 +55,75 @@ def compose_tiny_train(shapes_json: Path, *overrides: str) -> DictConfig:
     """The train config of a tiny run on the `shapes_json` fixture's data set (seconds per epoch), plus overrides."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=tiny_overrides(Path(shapes_json).parent, *overrides))
+
+
+class _FullDisk:
+    """A temporary file on a disk that takes `room` more bytes, then fails every write with OSError(code)."""
+
+    def __init__(self, file, room: int, code: int):
+        self.file, self.room, self.code = file, room, code
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        if len(data) > self.room:
+            self.file.write(data[:self.room])  # what a disk writes before it is full: a partial temporary file
+            self.room = 0
+            raise OSError(self.code, os.strerror(self.code))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.file.__exit__(*exc)
+
+
+def fail_writes(monkeypatch: pytest.MonkeyPatch, code: int, at: str = "write", name: str | None = None,
+                room: int = 64) -> list[Path]:
+    """Make captioning/base/files.py's writer fail with OSError(code) for the files called `name` (every file if
+    None), at `at`: "create" (the temporary file cannot be made, as in a read-only folder), "write" (the disk takes
+    `room` bytes of it, then refuses), "fsync" (every file: fsync knows no name) or "replace" (the rename over the
+    file). Returns the list of files whose write failed, filled as they fail."""
+    import captioning.base.files as files
+
+    failed: list[Path] = []
+
+    def chosen(path: Path) -> bool:
+        return name is None or Path(path).name == name
+
+    if at in ("create", "write"):
+        temporary = files._temporary
+
+        def faulty(path: Path):
+            if not chosen(path):
+                return temporary(path)
+            failed.append(Path(path))
+            if at == "create":
+                raise OSError(code, os.strerror(code), str(path.parent / f".{path.name}.x.tmp"))
+            file, tmp = temporary(path)
+            return _FullDisk(file, room, code), tmp
+
+        monkeypatch.setattr(files, "_temporary", faulty)
+    elif at == "fsync":
+        def no_sync(fd: int) -> None:
+            failed.append(Path(f"fd {fd}"))
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(files.os, "fsync", no_sync)
+    elif at == "replace":
+        replace = os.replace
+
+        def no_rename(src, dst) -> None:
+            if not chosen(Path(dst)):
+                return replace(src, dst)
+            failed.append(Path(dst))
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+        monkeypatch.setattr(files.os, "replace", no_rename)
+    else:
+        raise ValueError(f"unknown fault point {at!r}")
+    return failed

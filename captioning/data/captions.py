@@ -20,6 +20,7 @@ from typing import Any, overload
 import numpy as np
 import torch
 
+from captioning.base.files import atomic_file, write_text_atomic
 from captioning.data.records import SPLITS, ImageRecord
 from captioning.data.vocab import Vocabulary
 
@@ -76,6 +77,11 @@ def _blob(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _text(blob: np.ndarray, offsets: np.ndarray, k: int) -> str:
     return blob[offsets[k]:offsets[k + 1]].tobytes().decode("utf-8")
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    with atomic_file(path) as f:
+        np.save(f, array, allow_pickle=False)
 
 
 class CaptionTable:
@@ -138,13 +144,15 @@ class CaptionTable:
 
     # -- files ---------------------------------------------------------------------------------
     def save(self, folder: Path) -> None:
-        """Write the table as .npy files (and two small JSON files) into an existing folder."""
-        (folder / "words.json").write_text(json.dumps(self.words, ensure_ascii=False), encoding="utf-8")
-        np.save(folder / "train_counts.npy", self.train_counts)
+        """Write the table as .npy files (and two small JSON files) into an existing folder; a failed write is one
+        OSError line naming the file (prepared.py's _write then removes the whole folder)."""
+        write_text_atomic(folder / "words.json", json.dumps(self.words, ensure_ascii=False))
+        _save_array(folder / "train_counts.npy", self.train_counts)
         for s, arrays in self.splits.items():
             for name in SplitArrays.ARRAYS:
-                np.save(folder / f"{s}.{name}.npy", getattr(arrays, name))
-            (folder / f"{s}.word_boxes.json").write_text(json.dumps({str(k): v for k, v in arrays.word_boxes.items()}))
+                _save_array(folder / f"{s}.{name}.npy", getattr(arrays, name))
+            write_text_atomic(folder / f"{s}.word_boxes.json",
+                              json.dumps({str(k): v for k, v in arrays.word_boxes.items()}))
 
     @classmethod
     def load(cls, folder: Path, splits: Sequence[str]) -> CaptionTable:

@@ -7,7 +7,8 @@ A cache is a folder:
   grids.npy      (N, L, D) float16, read memory-mapped; row k holds image index.json["image_ids"][k]
   progress.json  rows written so far and the images that could not be read (rewritten after every batch)
 
-`extract_features` writes a cache and continues an interrupted one where it stopped; `FeatureCache.open`
+`extract_features` writes a cache and continues an interrupted one where it stopped (or one stopped by a failed
+write: see extract_features); `FeatureCache.open`
 reads one and refuses a cache made by another encoder, or one that is not finished, with a clear message.
 meta.json is data: its encoder config is only compared with the model's, never built or imported (SECURITY.md).
 """
@@ -30,10 +31,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from captioning import __version__
+from captioning.base.files import write_error
 from captioning.data.captions import SplitView
 from captioning.data.disk import check_free_space
 from captioning.data.images import ImageError, load_image
-from captioning.data.jsonio import load_json, write_json_atomic
+from captioning.data.jsonio import is_id, load_json, write_json_atomic
+from captioning.data.npy import npy_layout
 from captioning.data.records import ImageRecord
 from captioning.models.encoder import Encoder
 
@@ -105,6 +108,31 @@ def _short(value: Any) -> str:
     return f"{value[:12]}..." if isinstance(value, str) and len(value) > 40 else repr(value)
 
 
+def check_grids_file(root: Path, meta: Mapping[str, Any], num_images: int) -> None:
+    """grids.npy must be what meta.json and index.json describe, read from its header before it is mapped: a
+    regular file of (images, h x w, D) numbers of meta's dtype, exactly as long as that; else one ValueError."""
+    try:
+        shape, dtype, _ = npy_layout(root / "grids.npy")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"the feature cache {root} has no grids.npy; extract it again with "
+                                f"{HOW_TO_EXTRACT}") from None
+    grid, dim = meta.get("grid"), (meta.get("fingerprint") or {}).get("dim")
+    valid = (isinstance(grid, list) and len(grid) == 2 and all(is_id(n) and n > 0 for n in grid)
+             and is_id(dim) and dim > 0 and isinstance(meta.get("dtype"), str))
+    if not valid:
+        raise ValueError(f"{root}/meta.json does not give a grid, a dimension and a dtype; extract the cache again "
+                         f"with {HOW_TO_EXTRACT}")
+    expected = (num_images, grid[0] * grid[1], dim)
+    try:
+        meta_dtype = np.dtype(meta["dtype"])
+    except TypeError:
+        raise ValueError(f"{root}/meta.json names an unknown dtype {meta['dtype']!r}") from None
+    if shape != expected or dtype != meta_dtype:
+        raise ValueError(f"{root}/grids.npy holds {'x'.join(map(str, shape))} {dtype} but meta.json and index.json "
+                         f"describe {'x'.join(map(str, expected))} {meta_dtype}; extract the cache again with "
+                         f"{HOW_TO_EXTRACT}")
+
+
 class FeatureCache:
     """Read access to a finished cache: `cache[image_id]` is the image's annotation grid a (L, D), float32."""
 
@@ -140,6 +168,7 @@ class FeatureCache:
                              f"images): rerun {HOW_TO_EXTRACT} with the same PATH to finish it")
         if meta["grid"][0] != meta["grid"][1]:
             raise ValueError(f"{root}: cached grids must be square to be fed to the captioner, got {meta['grid']}")
+        check_grids_file(root, meta, len(image_ids))
         return cls(root, meta, image_ids, progress.get("failed", {}))
 
     @property
@@ -237,6 +266,14 @@ def _row_shape(encoder: Encoder, transform: Any) -> tuple[int, int] | None:
     return fmap.shape[-2] * fmap.shape[-1], fmap.shape[1]
 
 
+def _create_grids(path: Path, shape: tuple[int, ...]) -> np.memmap:
+    """A new grids.npy of `shape` (float16, sparse: space is taken as rows are written), mapped for writing."""
+    try:
+        return np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=shape)
+    except OSError as err:
+        raise write_error(path, err) from err
+
+
 def _collate_rows(items: list[tuple[int, torch.Tensor | None, str]]) -> list[tuple[int, torch.Tensor | None, str]]:
     """Keep a batch as a list: unreadable images (None) are sorted out by the caller."""
     return items
@@ -250,6 +287,14 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
 
     The encoder runs in eval mode on the device of its parameters; grids are stored as float16. Unreadable
     images are recorded (reading their features later gives an ImageError, counted like an unreadable image).
+
+    Writes: the JSON files are replaced atomically; grids.npy is a memory map written a batch of rows at a time and
+    flushed before progress.json counts those rows. A write of it that fails with an OSError (EIO, ENOSPC from the
+    flush) raises one line `cannot write OUT/grids.npy: REASON` with progress.json still at the last flushed batch,
+    so the same call again resumes there. Storing into a memory map on a full disk can instead end the process with
+    SIGBUS (Linux sends no error code for it); the free-space check before any row is computed refuses a disk
+    without room for the rows still to compute, and if the disk fills meanwhile the rows progress.json counts are
+    still on the disk, so a rerun resumes all the same.
     """
     check_frozen(encoder)
     encoder.eval()
@@ -288,10 +333,12 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
                     check_free_space(out, len(images) - start, a.shape[1:])
                 meta["grid"] = list(fmap.shape[-2:])
                 write_json_atomic(out / "meta.json", meta, indent=1)
-                grids = np.lib.format.open_memmap(out / "grids.npy", mode="w+", dtype=np.float16,
-                                                  shape=(len(images), *a.shape[1:]))
-            grids[[row for row, _ in ok]] = a
-            grids.flush()  # rows on disk before the progress marker says so
+                grids = _create_grids(out / "grids.npy", (len(images), *a.shape[1:]))
+            try:
+                grids[[row for row, _ in ok]] = a
+                grids.flush()  # rows on disk before the progress marker says so
+            except OSError as err:
+                raise write_error(out / "grids.npy", err) from err
         state["failed"].update({str(image_ids[row]): err for row, x, err in batch if x is None})
         state["rows_done"] = batch[-1][0] + 1
         write_json_atomic(out / "progress.json", state, indent=1)

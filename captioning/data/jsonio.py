@@ -1,4 +1,5 @@
-"""JSON helpers shared by the data readers and `captioning-score`: standard library only.
+"""JSON helpers shared by the data readers and `captioning-score`: standard library only (and base/files.py, the
+one file writer).
 
 They live apart from :mod:`captioning.data.karpathy` (which imports torch) so that scoring a results
 file never pays for importing torch.
@@ -11,6 +12,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from captioning.base.files import write_text_atomic
 
 __all__ = ["load_json", "write_json_atomic", "is_id"]
 
@@ -35,11 +38,11 @@ def load_json(path: str | os.PathLike, object_hook: Callable[[dict[str, Any]], A
         raise OSError(f"cannot read {path}: {err.strerror or err}") from err
 
 
-def write_json_atomic(path: Path, data: Any, indent: int | None = None) -> None:
-    """Write JSON through a temporary file and an atomic rename, so an interrupted run never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=indent) + ("\n" if indent is not None else ""), encoding="utf-8")
-    os.replace(tmp, path)
+def write_json_atomic(path: str | os.PathLike, data: Any, indent: int | None = None) -> None:
+    """Write JSON (UTF-8) through base/files.py's atomic writer: an interrupted or failed write never leaves half a
+    file, and a failure is one OSError line naming the file."""
+    text = json.dumps(data, indent=indent) + ("\n" if indent is not None else "")
+    write_text_atomic(path, text)
 
 
 def is_id(value: Any) -> bool:

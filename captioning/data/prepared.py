@@ -11,7 +11,9 @@ training count and the captions uncut, and they are applied when it is opened, s
 
 A set is written into a temporary folder and renamed into place when complete, with its manifest.json last, so a
 half-written set is never used. One that fails to open (a file missing, truncated, or inconsistent) is rebuilt.
-A folder that cannot be written (read-only, disk full) leaves the run with its captions in memory and a warning.
+A folder that cannot be written (read-only, disk full) leaves the run with its captions in memory and a warning
+naming the file that failed (`cannot write FILE: No space left on device`); the temporary folder is removed, and
+the next run builds the set again.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from captioning.base.files import write_error
 from captioning.base.signature import file_parameters
 from captioning.data.captions import CaptionTable
 from captioning.data.jsonio import load_json, write_json_atomic
@@ -129,11 +132,15 @@ def _open(folder: Path, key: Mapping[str, Any]) -> CaptionTable:
 
 def _write(table: CaptionTable, root: Path, name: str, key: Mapping[str, Any],
            files: Mapping[str, Mapping[str, Any]]) -> Path:
-    """Write a set into a temporary folder, then rename it to root/name; returns the folder."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write a set into a temporary folder, then rename it to root/name; returns the folder. A failure is a one-line
+    OSError naming the file (or folder) that could not be written, and removes the temporary folder."""
     tmp = root / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as err:
+        raise write_error(tmp, err) from err
     try:
         table.save(tmp)
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
@@ -150,9 +157,9 @@ def _write(table: CaptionTable, root: Path, name: str, key: Mapping[str, Any],
                 shutil.rmtree(target, ignore_errors=True)  # the damaged (or manifest-less) set this one replaces
         try:
             os.rename(tmp, target)
-        except OSError:
+        except OSError as err:
             if not (target / MANIFEST).is_file():  # not another process that finished the same set first
-                raise
+                raise write_error(target, err) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

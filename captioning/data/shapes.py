@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioning.base.constraints import Count, Range, Size, constrained
+from captioning.base.files import TMP_SUFFIX, atomic_file
 from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.shapes_captions import (  # noqa: F401 (re-exported)
     COLOURS,
@@ -175,13 +176,18 @@ def build_shapes(root: str | os.PathLike, *, seed: Count = 0,
             image, objects = render_image(np.random.default_rng([seed, split_code, index, 0]), image_size, object_scale)
             captions = make_captions(np.random.default_rng([seed, split_code, index, 1]), objects, captions_per_image)
             filename = f"{split}_{index:05d}.png"
-            image.save(image_dir / filename, format="PNG")
+            # atomic (a killed run never leaves half a PNG), but without an fsync per image: thousands of them would
+            # cost more than drawing them, and only a power loss at this moment could then leave an image empty
+            with atomic_file(image_dir / filename, fsync=False) as f:
+                image.save(f, format="PNG")
             images.append(_image_entry(len(images), split, filename, image_size, objects, captions,
                                        len(images) * captions_per_image))
     keep = {entry["filename"] for entry in images}
     for stale in sorted(image_dir.glob("*_[0-9][0-9][0-9][0-9][0-9].png")):
         if stale.name not in keep and stale.name.split("_")[0] in SPLITS:
             stale.unlink()
+    for stale in image_dir.glob(f".*{TMP_SUFFIX}"):  # an image a killed run was writing
+        stale.unlink(missing_ok=True)
     write_json_atomic(root / META_NAME, meta)
     write_json_atomic(json_path, {"dataset": "shapes", "images": images})
     logger.info("generated %d shapes images in %.1f s: %s", len(images), time.perf_counter() - start, json_path)

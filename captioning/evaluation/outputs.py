@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from PIL import Image
 
 from captioning.data.dataset import CaptionDataset
 from captioning.data.images import ImageError, load_image
+from captioning.data.jsonio import write_json_atomic
 from captioning.reporting.figures import chosen_regions, plot_attention
 from captioning.reporting.html import write_prediction_report
 from captioning.reporting.items import Prediction
@@ -25,7 +25,8 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
                   view: Callable[[Image.Image], Image.Image] | None = None,
                   num_worst: int = 20, report: bool = True) -> None:
     """metrics.json, a COCO-format results file, per-image scores, the `num_worst` images by CIDEr, and
-    attention figures for the first images.
+    attention figures for the first images. Every file is written atomically: a failed write (a full disk) raises
+    one OSError line naming the file and leaves that file's previous version whole.
 
     `report` adds report.html and attention.npz (the whole split, browsable);
     `mark_regions` (hard attention) outlines the region each word's attention selects (its argmax);
@@ -33,15 +34,15 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
-    (out_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
+    write_json_atomic(out_dir / "metrics.json", clean, indent=2)
     results = [{"image_id": p.image_id, "caption": p.caption} for p in preds]
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json_atomic(out_dir / "results.json", results, indent=1)
     per_image: list[dict[str, Any]] = [{"image_id": p.image_id, "caption": p.caption,
                                         "references": dataset.records[p.index].raw, **p.scores} for p in preds]
-    (out_dir / "per_image_scores.json").write_text(json.dumps(per_image, indent=1) + "\n")
+    write_json_atomic(out_dir / "per_image_scores.json", per_image, indent=1)
     if per_image and "CIDEr" in per_image[0]:
         worst = sorted(per_image, key=lambda r: r["CIDEr"])[:num_worst]
-        (out_dir / "worst_by_cider.json").write_text(json.dumps(worst, indent=1) + "\n")
+        write_json_atomic(out_dir / "worst_by_cider.json", worst, indent=1)
     for p in preds[:num_figures]:
         if p.words:
             try:

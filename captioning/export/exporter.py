@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import captioning
+from captioning.base.files import atomic_file, write_error
 from captioning.data.vocab import Vocabulary
 from captioning.export.graphs import (
     EncoderGraph,
@@ -50,6 +51,14 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
 
 
+def _os_error(err: BaseException) -> OSError | None:
+    """The OSError (a full disk, say) behind an exporter's error, if any: then the file failed, not the model."""
+    seen: BaseException | None = err
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
 def _dynamic(name: str, state_count: int) -> dict[str, Any]:
     """torch.export's dynamic shapes of a graph's inputs: the first dim (the row) of every one, one shared size."""
     rows = torch.export.Dim("rows", min=1)
@@ -72,7 +81,9 @@ def _write(backend: str, module: torch.nn.Module, args: tuple[torch.Tensor, ...]
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated")
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         if backend == "torchscript":
-            torch.jit.save(torch.jit.trace(module, args, check_trace=False), str(path))
+            traced = torch.jit.trace(module, args, check_trace=False)
+            with atomic_file(path) as f:  # its own file error, not the zip writer's RuntimeError
+                torch.jit.save(traced, f)
             return
         torch.onnx.export(module, args, str(path), dynamo=True, input_names=names["inputs"],
                           output_names=names["outputs"], dynamic_shapes=_dynamic(name, len(args) - 3),
@@ -154,7 +165,9 @@ def _write_all(model: Captioner, vocab: Vocabulary, folder: Path, backend: str, 
         except ImportError as err:
             raise ValueError(f"exporting to {backend} needs {err.name or 'a missing package'}: pip install onnx "
                              "onnxscript onnxruntime (the project's 'export' extra)") from err
-        except Exception as err:  # the exporters raise many types; all mean "this model does not export"
+        except Exception as err:  # the exporters raise many types; all but a file's error mean "it does not export"
+            if (cause := _os_error(err)) is not None:
+                raise write_error(folder / files[name], cause) from err
             raise ValueError(f"cannot export the {name} graph of this model to {backend} ({_one_line(err)})") from err
     manifest = Manifest(backend=backend, graphs={name: {"file": files[name], **names[name]} for name in names},
                         vocab=vocab.to_list(), preprocess={"steps": steps, "input_size": list(size)},
@@ -190,7 +203,10 @@ def export_model(model: Captioner, vocab: Vocabulary, out: str | os.PathLike, ba
             names = _write_all(model, vocab, stage, backend, image_size, info, optimize)
             (out / MANIFEST).unlink(missing_ok=True)  # an older export's manifest never describes the new graphs
             for name in names:
-                os.replace(stage / name, out / name)
+                try:
+                    os.replace(stage / name, out / name)
+                except OSError as err:
+                    raise write_error(out / name, err) from err
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     finally:

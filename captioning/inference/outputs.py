@@ -5,7 +5,8 @@ read).
 The log `X.jsonl` has a settings file beside it (`X.jsonl.settings.json`: checkpoint and its SHA-256, beam size,
 max_len, length penalty), so `--resume` refuses to continue a log made with other settings rather than mixing two
 runs' captions in one file. A line cut short by a kill (the last one, without its newline) is dropped on resume,
-and its image captioned again.
+and its image captioned again. An append that fails (a full disk) is cut back off the log, which keeps every earlier
+line whole, and stops the run with one line `cannot write X.jsonl: REASON`: `--resume` then goes on from there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from captioning.base.files import append_bytes, write_bytes_atomic
 from captioning.data.jsonio import load_json, write_json_atomic
 
 SETTINGS_SUFFIX = ".settings.json"
@@ -45,7 +47,7 @@ class CaptionLog:
             self._read()
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("", encoding="utf-8")
+            write_bytes_atomic(self.path, b"")
             write_json_atomic(self.settings_path, dict(settings), indent=1)
 
     def _check_settings(self, settings: dict[str, Any]) -> None:
@@ -76,12 +78,10 @@ class CaptionLog:
                 f.truncate(good)
 
     def append(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Write rows (one JSON object a line) and flush them to the disk, so a kill loses at most this batch."""
+        """Write rows (one JSON object a line) and force them to the disk, so a kill loses at most this batch; a failed
+        write leaves the log as it was before the call (see the module docstring)."""
         rows = list(rows)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-            f.flush()
-            os.fsync(f.fileno())
+        append_bytes(self.path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
         self.done.update((row["path"], row) for row in rows)
 
 

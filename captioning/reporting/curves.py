@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from captioning.base.files import atomic_file
 from captioning.data.jsonio import load_json
 
 logger = logging.getLogger(__name__)
@@ -58,12 +59,13 @@ def curves_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
 
 
 def plot_history(history_path: Path, out_path: Path) -> Path:
-    """Draw curves.png from a run's history.json; returns the PNG's path."""
+    """Draw curves.png (atomically) from a run's history.json; returns the PNG's path."""
     fig = curves_figure(load_history(history_path))
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(out_path, format="png")
+        with atomic_file(out_path) as f:
+            fig.savefig(f, format="png")
     finally:
         fig.clear()
     logger.info("wrote training curves to %s", out_path)

@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image
 
+from captioning.base.files import atomic_file
+
 log = logging.getLogger(__name__)
 
 # Gaussian width of the smoothing kernel in grid cells (the paper's figures: upscale 16, sigma 20 px ~ 1.25 cells;
@@ -185,12 +187,14 @@ def plot_attention(
     ncols: int = 5,
     title: str | None = None,
 ) -> Path:
-    """Save a grid figure: the image, then one panel per word with its attention overlay; returns the path."""
+    """Save a grid figure (PNG, atomically): the image, then one panel per word with its attention overlay; returns
+    the path."""
     fig = attention_figure(image, words, alphas, regions=regions, smooth=smooth, ncols=ncols, title=title)
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(path, dpi=DPI, format="png")
+        with atomic_file(path) as f:
+            fig.savefig(f, dpi=DPI, format="png")
     finally:
         fig.clear()  # no pyplot registry is involved, so dropping the figure frees it
     log.info("saved attention figure with %d word panels to %s", len(words), path)

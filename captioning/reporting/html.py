@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from captioning.base.files import atomic_file, write_text_atomic
 from captioning.data.dataset import CaptionDataset
 from captioning.data.images import ImageError, load_image
 from captioning.reporting.curves import CURVES_NAME
@@ -96,11 +97,11 @@ def render_report(items: Sequence[ReportItem], metrics: Mapping[str, Any], title
 
 def write_report(path: Path, items: Sequence[ReportItem], metrics: Mapping[str, Any],
                  title: str = "Captioning report", curves: Path | None = None) -> Path:
-    """Write report.html (curves: a PNG to embed, if it exists); returns the path."""
+    """Write report.html atomically (curves: a PNG to embed, if it exists); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = render_report(items, metrics, title, curves)
-    path.write_text(text, encoding="utf-8")
+    write_text_atomic(path, text)
     logger.info("wrote HTML report of %d images (%.1f MB) to %s", len(items), len(text) / 1e6, path)
     return path
 
@@ -133,7 +134,8 @@ def save_attention(path: Path, items: Sequence[ReportItem]) -> Path:
     arrays: dict[str, Any] = {f"alphas_{it.image_id}": np.asarray(it.alphas, dtype=np.float16) for it in with_maps}
     arrays["image_ids"] = np.array([it.image_id for it in with_maps], dtype=np.int64)
     arrays["mark_regions"] = np.array(any(it.mark_regions for it in with_maps))
-    np.savez_compressed(path, **arrays)
+    with atomic_file(path) as f:
+        np.savez_compressed(f, **arrays)
     return Path(path)
 
 

@@ -21,6 +21,7 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from captioning.base.files import atomic_file
 from captioning.cli import one_line
 from captioning.reporting.items import format_value
 
@@ -195,7 +196,8 @@ def plot_sweep(runs: Sequence[Run], metric: str, path: str | Path) -> Path | Non
         ax.grid(alpha=0.3)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_file(path) as f:  # the format from the file's extension, PNG without one
+        fig.savefig(f, format=path.suffix.lstrip(".").lower() or None)
     return path
 
 

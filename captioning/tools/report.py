@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from captioning.base.files import write_text_atomic
 from captioning.cli import ArgumentParser, run_cli, writable_file
 from captioning.reporting.sweep import (
     DEFAULT_METRICS,
@@ -44,8 +45,8 @@ def report(sweep_dir: str | Path, metrics: Sequence[str] = DEFAULT_METRICS, out:
     shared = {} if all_overrides else shared_overrides(runs)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(markdown)
-        out.with_suffix(".csv").write_text(to_csv(header, rows))
+        write_text_atomic(out, markdown)
+        write_text_atomic(out.with_suffix(".csv"), to_csv(header, rows))
     print(markdown, end="")
     if shared:
         print("\nsame in every run: " + " ".join(f"{k}={v}" for k, v in shared.items()))

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from captioning.base.files import write_text_atomic
 from captioning.cli import ArgumentParser, run_cli, writable_file
 
 # Text-only imports: references and metrics.coco need neither torch nor pycocotools (tests/tools/test_score_imports.py).
@@ -30,7 +31,7 @@ PROG = "captioning-score"
 
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n", encoding="utf-8")
+    write_text_atomic(path, text + "\n")
 
 
 def score_files(annotations: str | Path, results: str | Path, metrics: Sequence[str] = ("bleu", "meteor", "rouge",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -232,3 +233,41 @@ def test_a_cache_serves_only_its_images_and_pickles_without_its_mapped_file(reco
     assert copy._grids is None and copy.row == cache.row and copy.grid == cache.grid
     np.testing.assert_array_equal(copy[records[7].image_id].numpy(), cache[records[7].image_id].numpy())
     assert isinstance(copy.grids, np.memmap)
+
+
+def test_grids_npy_must_be_what_meta_and_index_describe_before_it_is_mapped(records, tmp_path):
+    """Checked from grids.npy's header against meta.json (grid, D, dtype) and index.json (rows), with the file's
+    length, before it is mapped: another shape, dtype or length, a FIFO or a damaged header is one ValueError."""
+    cache_dir = tmp_path / "cache"
+    extract_features(records, _encoder(), CFG, cache_dir, progress=False)
+    grids_path, meta_path = cache_dir / "grids.npy", cache_dir / "meta.json"
+    good, meta = grids_path.read_bytes(), json.loads(meta_path.read_text())
+    n = len({r.image_id for r in records})
+    assert FeatureCache.open(cache_dir).grids.shape == (n, 64, D)
+
+    def refused(pattern: str) -> None:
+        with pytest.raises(ValueError, match=pattern):
+            FeatureCache.open(cache_dir)
+        grids_path.unlink()
+        grids_path.write_bytes(good)
+        meta_path.write_text(json.dumps(meta))
+
+    np.save(grids_path, np.zeros((n, 64, D), np.float32))
+    refused(rf"holds {n}x64x{D} float32 but meta.json and index.json describe {n}x64x{D} float16")
+    np.save(grids_path, np.zeros((n + 1, 64, D), np.float16))
+    refused(rf"holds {n + 1}x64x{D} float16 but .* describe {n}x64x{D} float16")
+    meta_path.write_text(json.dumps({**meta, "grid": [16, 16]}))
+    refused(rf"describe {n}x256x{D} float16")
+    meta_path.write_text(json.dumps({**meta, "fingerprint": {**meta["fingerprint"], "dim": 10**9}}))
+    refused(rf"describe {n}x64x1000000000 float16")
+    meta_path.write_text(json.dumps({**meta, "dtype": "no-such-type"}))
+    refused("names an unknown dtype 'no-such-type'")
+    meta_path.write_text(json.dumps({**meta, "grid": ["8", "8"]}))
+    refused("does not give a grid, a dimension and a dtype")
+    grids_path.write_bytes(good[:-10])
+    refused(r"is \d+ bytes but its header describes \d+ .* truncated")
+    grids_path.write_bytes(b"\x93NUMPY garbage")
+    refused("is not a readable .npy file")
+    grids_path.unlink()
+    os.mkfifo(grids_path)  # np.load would wait on it forever
+    refused("is not a regular file")
