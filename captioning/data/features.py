@@ -36,7 +36,7 @@ from captioning.data.captions import SplitView
 from captioning.data.disk import check_free_space
 from captioning.data.images import ImageError, load_image
 from captioning.data.jsonio import is_id, load_json, write_json_atomic
-from captioning.data.npy import npy_layout
+from captioning.data.npy import require_layout
 from captioning.data.records import ImageRecord
 from captioning.models.encoder import Encoder
 
@@ -111,26 +111,12 @@ def _short(value: Any) -> str:
 def check_grids_file(root: Path, meta: Mapping[str, Any], num_images: int) -> None:
     """grids.npy must be what meta.json and index.json describe, read from its header before it is mapped: a
     regular file of (images, h x w, D) numbers of meta's dtype, exactly as long as that; else one ValueError."""
-    try:
-        shape, dtype, _ = npy_layout(root / "grids.npy")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"the feature cache {root} has no grids.npy; extract it again with "
-                                f"{HOW_TO_EXTRACT}") from None
-    grid, dim = meta.get("grid"), (meta.get("fingerprint") or {}).get("dim")
-    valid = (isinstance(grid, list) and len(grid) == 2 and all(is_id(n) and n > 0 for n in grid)
-             and is_id(dim) and dim > 0 and isinstance(meta.get("dtype"), str))
-    if not valid:
-        raise ValueError(f"{root}/meta.json does not give a grid, a dimension and a dtype; extract the cache again "
-                         f"with {HOW_TO_EXTRACT}")
-    expected = (num_images, grid[0] * grid[1], dim)
-    try:
-        meta_dtype = np.dtype(meta["dtype"])
-    except TypeError:
-        raise ValueError(f"{root}/meta.json names an unknown dtype {meta['dtype']!r}") from None
-    if shape != expected or dtype != meta_dtype:
-        raise ValueError(f"{root}/grids.npy holds {'x'.join(map(str, shape))} {dtype} but meta.json and index.json "
-                         f"describe {'x'.join(map(str, expected))} {meta_dtype}; extract the cache again with "
+    grid, dim = meta.get("grid"), cast(Any, meta.get("fingerprint") or {}).get("dim")
+    if not (isinstance(grid, list) and len(grid) == 2 and all(is_id(n) and n > 0 for n in [*grid, dim])):
+        raise ValueError(f"{root}/meta.json does not give a grid and a dimension; extract the cache again with "
                          f"{HOW_TO_EXTRACT}")
+    require_layout(root / "grids.npy", (num_images, grid[0] * grid[1], int(dim)), meta.get("dtype"),
+                   "meta.json and index.json", f"extract the cache again with {HOW_TO_EXTRACT}")
 
 
 class FeatureCache:

@@ -38,3 +38,16 @@ def npy_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype, int]
         raise ValueError(f"{path} is {info.st_size} bytes but its header describes {expected} "
                          f"({'x'.join(map(str, shape))} {dtype}); it is truncated or not what it says")
     return tuple(int(n) for n in shape), dtype, offset
+
+
+def require_layout(path: Path, shape: tuple[int, ...], dtype: object, source: str, advice: str) -> None:
+    """Refuse (one ValueError, ending in `advice`) a .npy file that is not a regular file of exactly `shape` and
+    `dtype`, as `source` (e.g. "meta.json and index.json") describes it."""
+    try:
+        want = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(f"{path}: {source} name an unknown dtype {dtype!r}; {advice}") from None
+    have, have_dtype, _ = npy_layout(path)
+    if have != shape or have_dtype != want:
+        raise ValueError(f"{path} holds {'x'.join(map(str, have))} {have_dtype} but {source} describe "
+                         f"{'x'.join(map(str, shape))} {want}; {advice}")
