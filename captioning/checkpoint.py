@@ -9,6 +9,7 @@ from one (its config checked against the registry first) is `captioning.factory.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,79 @@ def save_checkpoint(path: str | os.PathLike, model: Captioner, vocab: Vocabulary
     return path
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint dict safely, with a clear error for a missing or foreign file."""
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint dict safely, with a clear error for a missing or foreign file (`mmap`: tensors mapped
+    from the file, not read, for a look at its config)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # unpickling errors come in many types; all mean "not ours"
         raise ValueError(f"{path} is not a readable captioning checkpoint ({type(err).__name__}: {err})") from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a captioning checkpoint (expected format {FORMAT!r}); "
                          "was it written by another tool?")
     return ckpt
+
+
+def same_model(ckpt: dict[str, Any], path: str | os.PathLike, model_config: dict[str, Any],
+               vocab: Vocabulary | None, action: str, advice: str) -> None:
+    """Refuse (one ValueError) a checkpoint whose stored model config, or vocabulary (unless None), is not the run's:
+    what resume and init_from load into the run's own model."""
+    config = ckpt.get("config")
+    same = isinstance(config, dict) and config.get("model") == model_config
+    if not same or (vocab is not None and checkpoint_vocabulary(ckpt, path) != vocab):
+        raise ValueError(f"cannot {action} {path}: it was trained with a different model config or vocabulary; "
+                         f"{advice}")
+
+
+def load_same_model(path: str | os.PathLike, model: Captioner, vocab: Vocabulary, model_config: dict[str, Any],
+                    map_location: str | torch.device, action: str, advice: str) -> dict[str, Any]:
+    """Read a checkpoint of this model config and vocabulary, check its weights' shapes and load them into `model`
+    (resume, init_from); returns the checkpoint. Any other is refused in one line."""
+    ckpt = read_checkpoint(path, map_location)
+    same_model(ckpt, path, model_config, vocab, action, advice)
+    check_weights(model.state_dict(), ckpt.get("model"), len(vocab), path)
+    model.load_state_dict(ckpt["model"])
+    return ckpt
+
+
+def checkpoint_vocabulary(ckpt: dict[str, Any], path: str | os.PathLike) -> Vocabulary:
+    """The checkpoint's vocabulary: a list of distinct strings starting with the special tokens."""
+    words = ckpt.get("vocab")
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise ValueError(f"checkpoint {path}: its vocabulary is not a list of words")
+    try:
+        return Vocabulary(words)
+    except ValueError as err:
+        raise ValueError(f"checkpoint {path}: {err}") from None
+
+
+def check_weights(expected: Mapping[str, torch.Tensor], stored: Any, vocab_size: int,
+                  path: str | os.PathLike) -> None:
+    """Refuse stored weights that are not a state_dict of tensors or whose keys, shapes or dtypes differ from the
+    model's (`expected`: its state_dict, e.g. on the meta device), with one line naming the first difference; a
+    size that differs where the model has the vocabulary's size is named as the vocabulary's. Nothing is
+    allocated: a config asking for more than its weights hold is refused before a model is built."""
+    if not isinstance(stored, dict) or not all(isinstance(v, torch.Tensor) for v in stored.values()):
+        raise ValueError(f"checkpoint {path}: its 'model' entry is not a state_dict of tensors")
+    missing = [k for k in expected if k not in stored]
+    unexpected = [k for k in stored if k not in expected]
+    if missing or unexpected:
+        what = (f"no weights for {missing[0]!r} ({len(missing)} missing)" if missing
+                else f"weights for {unexpected[0]!r}, which its model does not have ({len(unexpected)} extra)")
+        raise ValueError(f"checkpoint {path}: its config describes another model than its weights: {what}")
+    for key, want in expected.items():
+        have = stored[key]
+        if have.shape != want.shape:
+            vocab_dims = [d for d, n in enumerate(want.shape) if n == vocab_size and have.dim() == want.dim()
+                          and have.shape[d] != n]
+            if vocab_dims and all(have.shape[d] == want.shape[d] for d in range(want.dim()) if d not in vocab_dims):
+                raise ValueError(f"checkpoint {path}: its vocabulary has {vocab_size} words but its weights are "
+                                 f"for {have.shape[vocab_dims[0]]} ({key} is {tuple(have.shape)})")
+            raise ValueError(f"checkpoint {path}: its config describes another model than its weights: {key} is "
+                             f"{tuple(want.shape)} in the model and {tuple(have.shape)} in the file")
+        if have.dtype != want.dtype:
+            raise ValueError(f"checkpoint {path}: {key} is stored as {have.dtype}, the model has {want.dtype}")

@@ -20,15 +20,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.tensorboard import SummaryWriter
 
+from captioning.base.files import write_text_atomic
 from captioning.base.moved import moved_override
+from captioning.checkpoint import read_checkpoint, same_model
 from captioning.cli import EXIT_INTERRUPTED, EXPECTED_ERRORS, fail, run_cli
 from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
+from captioning.factory.models import model_config
 from captioning.factory.run import build_trainer
 from captioning.runtime import CONF_DIR, set_seed
 from captioning.training import distributed
 from captioning.training.run_folder import LOCK_NAME, RunFolderError, claim_run_folder
-from captioning.training.stop import StopRequest, TrainingInterrupted
+from captioning.training.stop import StopRequest, TrainingDiverged, TrainingInterrupted
+from captioning.training.trainer import SAME_MODEL
 
 PROG = "captioning-train"
 HYDRA_FILES = (".hydra", LOCK_NAME)  # with *.log: what a launch leaves before the run itself writes anything
@@ -42,6 +46,10 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     distributed.init_from_env()  # under torchrun: join the process group (a no-op in a plain process)
     folder, resume_from = claim_run_folder(cfg, out_dir)
     with folder or nullcontext():
+        # a checkpoint of another model is refused before any data is read (its weights are checked on loading)
+        for key, path in (("resume", resume_from), ("init_from", cfg.get("init_from"))):
+            if path is not None:
+                same_model(read_checkpoint(path, mmap=True), path, model_config(cfg), None, *SAME_MODEL[key])
         return _train(cfg, out_dir, resume_from)
 
 
@@ -51,7 +59,7 @@ def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 reports progress, the others only warnings
     trainer = build_trainer(cfg, out_dir)
     if distributed.is_main():  # only rank 0 creates files; from here on the folder holds a run
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # what this run used, resolved
+        write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))  # what this run used, resolved
     if distributed.rank() > 0:  # ranks draw their own dropout masks and samples (rank 0 keeps the plain run's stream)
         set_seed(cfg.seed + distributed.rank())
     if resume_from is not None:
@@ -65,7 +73,7 @@ def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str
         with StopRequest() as trainer.stop:  # Ctrl-C / SIGTERM: a resumable checkpoint, then TrainingInterrupted
             try:
                 trainer.fit(writer)
-            except TrainingInterrupted:
+            except (TrainingInterrupted, TrainingDiverged):
                 trainer.write_curves()  # what the finished epochs show; history.json is written at each epoch's end
                 raise
     metrics = trainer.test()
@@ -77,12 +85,22 @@ def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str
 def hydra_main(cfg: DictConfig) -> float:
     """The Hydra app; returns the best validation score so Hydra sweepers (Optuna) can optimise it. A user error
     (bad config, missing file, a run folder in use or holding another run) is one `error:` line, exit status 2, and
-    leaves no empty run folder; Ctrl-C saves the run and prints the command that continues it (exit status 130)."""
+    leaves no empty run folder; Ctrl-C saves the run and prints the command that continues it (exit status 130); a
+    diverging run (trainer.max_bad_steps non-finite steps in a row) is one `error:` line with that command (status 2;
+    in a Hydra multirun a failed job, logged)."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     with open_dict(cfg):  # stored in checkpoints: evaluation and the notebook then find the data from any folder
         cfg.data_dir = str(Path(cfg.data_dir).absolute())
+
+    def run() -> dict[str, Any]:
+        try:
+            return train(cfg, out_dir)
+        except TrainingDiverged as err:
+            err.command = continue_command(out_dir)
+            raise
+
     try:
-        metrics = run_cli(lambda: train(cfg, out_dir), PROG, (*EXPECTED_ERRORS, RunFolderError))
+        metrics = run_cli(run, PROG, (*EXPECTED_ERRORS, RunFolderError, TrainingDiverged))
     except TrainingInterrupted as stop:
         fail(PROG, f"{stop}; continue it with: {continue_command(out_dir)}", EXIT_INTERRUPTED)
     except SystemExit:

@@ -91,6 +91,7 @@ class TrainerConfig(TypedDict):
     max_epochs: Positive
     max_minutes: Annotated[float | None, Range(gt=0)]
     grad_clip: Annotated[float | None, Range(ge=0)]
+    max_bad_steps: Positive  # non-finite steps in a row (each skipped) before the run stops as diverged
     monitor: str  # one of MONITORS (the rule below says which are computed)
     patience: Positive
     val_beam_size: Positive

@@ -4,13 +4,12 @@ project's classes, with arguments of their constructors) before anything is buil
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from captioning.base.moved import upgrade_config
-from captioning.checkpoint import read_checkpoint
+from captioning.checkpoint import check_weights, checkpoint_vocabulary, read_checkpoint
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner
 from captioning.factory.registry import ModelSpecError, check_data, group_at, resolve
@@ -77,9 +76,7 @@ def load_model(path: str | os.PathLike,
     vocab = checkpoint_vocabulary(ckpt, path)
     if "pretrained" in model_cfg["encoder"]:  # the checkpoint holds the weights: never download them again
         model_cfg["encoder"] = {**model_cfg["encoder"], "pretrained": False}
-    weights = ckpt.get("model")
-    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise ValueError(f"checkpoint {path}: its 'model' entry is not a state_dict of tensors")
+    weights: Any = ckpt.get("model")
     with torch.device("meta"):  # shapes only: nothing is allocated
         shapes = _build(model_cfg, len(vocab), path)
     check_weights(shapes.state_dict(), weights, len(vocab), path)
@@ -93,17 +90,6 @@ def load_model(path: str | os.PathLike,
     return model, vocab, ckpt
 
 
-def checkpoint_vocabulary(ckpt: dict[str, Any], path: str | os.PathLike) -> Vocabulary:
-    """The checkpoint's vocabulary: a list of distinct strings starting with the special tokens."""
-    words = ckpt.get("vocab")
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise ValueError(f"checkpoint {path}: its vocabulary is not a list of words")
-    try:
-        return Vocabulary(words)
-    except ValueError as err:
-        raise ValueError(f"checkpoint {path}: {err}") from None
-
-
 def _build(model_cfg: dict[str, Any], vocab_size: int, path: str | os.PathLike) -> Captioner:
     try:
         return build_captioner(model_cfg, vocab_size, prefix="model.")
@@ -113,31 +99,6 @@ def _build(model_cfg: dict[str, Any], vocab_size: int, path: str | os.PathLike) 
             NotImplementedError) as err:  # checked types, odd values
         raise ValueError(f"checkpoint {path}: its model config does not build a model "
                          f"({type(err).__name__}: {_first_line(err)})") from err
-
-
-def check_weights(expected: Mapping[str, torch.Tensor], stored: Mapping[str, torch.Tensor], vocab_size: int,
-                  path: str | os.PathLike) -> None:
-    """Refuse stored weights whose keys, shapes or dtypes differ from the model's (given on the meta device), with
-    one line naming the first difference; a size that differs where the model has the vocabulary's size is named
-    as the vocabulary's."""
-    missing = [k for k in expected if k not in stored]
-    unexpected = [k for k in stored if k not in expected]
-    if missing or unexpected:
-        what = (f"no weights for {missing[0]!r} ({len(missing)} missing)" if missing
-                else f"weights for {unexpected[0]!r}, which its model does not have ({len(unexpected)} extra)")
-        raise ValueError(f"checkpoint {path}: its config describes another model than its weights: {what}")
-    for key, want in expected.items():
-        have = stored[key]
-        if have.shape != want.shape:
-            vocab_dims = [d for d, n in enumerate(want.shape) if n == vocab_size and have.dim() == want.dim()
-                          and have.shape[d] != n]
-            if vocab_dims and all(have.shape[d] == want.shape[d] for d in range(want.dim()) if d not in vocab_dims):
-                raise ValueError(f"checkpoint {path}: its vocabulary has {vocab_size} words but its weights are "
-                                 f"for {have.shape[vocab_dims[0]]} ({key} is {tuple(have.shape)})")
-            raise ValueError(f"checkpoint {path}: its config describes another model than its weights: {key} is "
-                             f"{tuple(want.shape)} in the model and {tuple(have.shape)} in the file")
-        if have.dtype != want.dtype:
-            raise ValueError(f"checkpoint {path}: {key} is stored as {have.dtype}, the model has {want.dtype}")
 
 
 def _first_line(err: BaseException) -> str:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 
 from captioning.data.dataset import CaptionDataset
 from captioning.evaluation.split import decode_split as decode_whole
@@ -121,6 +122,15 @@ def local_device(device: torch.device) -> torch.device:
                          "CUDA_VISIBLE_DEVICES")
     torch.cuda.set_device(gpu_index(env))
     return torch.device("cuda", env.local_rank)
+
+
+def wrap(module: torch.nn.Module, device: torch.device, find_unused_parameters: bool) -> torch.nn.Module:
+    """`module` in DistributedDataParallel under torchrun (it averages gradients over the ranks during backward),
+    itself in a plain process."""
+    if not initialized():
+        return module
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                   find_unused_parameters=find_unused_parameters)
 
 
 def torchrun_overrides(args: list[str], train_yaml: Path) -> list[str]:

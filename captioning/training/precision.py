@@ -8,6 +8,7 @@ float32 from the model's outputs (`to_float32`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -45,20 +46,38 @@ def to_float32(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.float()
 
 
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every floating-point tensor holds finite numbers only (e.g. a model's weights and buffers)."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
 def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-                   parameters: Iterable[torch.nn.Parameter], grad_clip: float | None) -> None:
+                   parameters: Iterable[torch.nn.Parameter], grad_clip: float | None,
+                   loss_finite: bool = True) -> str | None:
     """Backward (DDP averages gradients over the ranks here), clipping to `grad_clip` (if set) and one step of
-    `optimizer`; with a scaler (fp16) the loss is scaled and the step skipped when the gradients overflowed."""
+    `optimizer`; with a scaler (fp16) the loss is scaled and the step skipped when the gradients overflowed.
+
+    A step whose loss (`loss_finite`, decided by the caller for every rank) or, without a scaler, gradient norm is
+    not finite is skipped: the gradients are dropped and the optimizer (its moments and step counts) and the scaler
+    are left as they were; the return value says which ("loss" or "gradient norm"), None when the step was taken.
+    With a scaler an overflowing gradient is the scaler's business (it skips the step and lowers its scale), not a
+    skipped step here. Backward always runs, so that under DDP every rank takes part in its gradient all-reduce.
+    """
     optimizer.zero_grad(set_to_none=True)
-    if scaler is None:
-        loss.backward()
-    else:
-        scaler.scale(loss).backward()
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    if not loss_finite:
+        optimizer.zero_grad(set_to_none=True)
+        return "loss"
+    if scaler is not None:
         scaler.unscale_(optimizer)  # clip the true gradients
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    if grad_clip or scaler is None:  # the total norm also without clipping: max_norm=inf scales by exactly 1
+        norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip or math.inf)
+        if scaler is None and not torch.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)
+            return "gradient norm"
     if scaler is None:
         optimizer.step()
     else:
         scaler.step(optimizer)  # skipped when the scaled gradients overflowed
         scaler.update()
+    return None

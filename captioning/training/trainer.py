@@ -4,7 +4,6 @@ epoch, and evaluated on the test split at the end."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -12,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from captioning.checkpoint import read_checkpoint, save_checkpoint
+from captioning.checkpoint import load_same_model, read_checkpoint, save_checkpoint
 from captioning.data.dataset import Batch, CaptionDataset, item_lengths, training_view
-from captioning.data.vocab import Vocabulary
+from captioning.data.jsonio import write_json_atomic
 from captioning.evaluation.split import evaluate_split, score_predictions
 from captioning.losses import LossTerms, MovingAverageBaseline
 from captioning.models.captioner import Captioner, selects_regions
@@ -28,9 +26,13 @@ from captioning.reporting.items import Prediction
 from captioning.training import distributed, precision, randomness, schedule
 from captioning.training.objectives import LossContext
 from captioning.training.parts import RunParts
-from captioning.training.stop import StopRequest, TrainingInterrupted
+from captioning.training.stop import BadSteps, StopRequest, TrainingInterrupted
 
 logger = logging.getLogger(__name__)
+# what resume= and init_from= say of a checkpoint of another model: the action, what to do instead
+SAME_MODEL = {"resume": ("resume from", "start a new run or use the same overrides"),
+              "init_from": ("init_from", "give this run the checkpoint's encoder, attention, decoder and "
+                            "dataset settings")}
 
 
 class Trainer:
@@ -49,6 +51,7 @@ class Trainer:
         # Mid-epoch: where the epoch in progress stands (batches done, running sums), so a checkpoint taken
         # there resumes at the next batch; None between epochs.
         self.position: dict[str, Any] | None = None
+        self.bad = BadSteps(self.tc.max_bad_steps, parts.config["optim"].get("lr"), self.tc.grad_clip)
         self.stop = StopRequest()  # train() installs its signal handlers around fit(); inactive otherwise
         # under torchrun: one baseline of the global batch on every rank
         decay = self.objective.baseline_decay
@@ -68,13 +71,9 @@ class Trainer:
         objective=scst a module whose forward samples captions), under torchrun wrapped in DDP, which averages
         gradients over the ranks during backward. Decoding and checkpoints use `self.model`, the plain
         captioner."""
-        forward = self.objective.wrap(self.model)
-        if not distributed.initialized():
-            return forward
-        return DistributedDataParallel(
-            forward, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            # hard attention switches graphs per batch; a feature cache leaves the encoder out of the forward
-            find_unused_parameters=selects_regions(self.model) or self.parts.uses_features)
+        # hard attention switches graphs per batch; a feature cache leaves the encoder out of the forward
+        return distributed.wrap(self.objective.wrap(self.model), self.device,
+                                selects_regions(self.model) or self.parts.uses_features)
 
     # -- checkpoints -------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
@@ -89,7 +88,7 @@ class Trainer:
                     scheduler=self.scheduler.state_dict() if self.scheduler else None,
                     epoch=self.epoch, step=self.step, best=self.best, bad_epochs=self.bad_epochs,
                     history=self.history, train_seconds=seconds, baseline=self.baseline.state_dict(),
-                    objective=self.objective.state_dict(),
+                    objective=self.objective.state_dict(), bad_in_row=self.bad.in_row,
                     scaler=self.scaler.state_dict() if self.scaler else None, position=self.position,
                     rng=distributed.all_gather_objects(randomness.rng_state(self.device)))
 
@@ -100,27 +99,23 @@ class Trainer:
     def write_history(self) -> None:
         """history.json: one entry per finished epoch (rank 0)."""
         if self.is_main:
-            (self.out_dir / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
+            write_json_atomic(self.out_dir / "history.json", self.history, indent=1)
 
     def write_curves(self) -> None:
         """curves.png from history.json (rank 0; nothing before the first epoch has ended)."""
         if self.is_main and self.history:
             plot_history(self.out_dir / "history.json", self.out_dir / CURVES_NAME)
 
-    def read_same_model(self, path: Path, action: str, advice: str) -> dict[str, Any]:
-        """Read a checkpoint of this run's model config and vocabulary and load its weights; refuse any
-        other."""
-        ckpt = read_checkpoint(path, map_location=self.device)
-        if ckpt["config"]["model"] != self.parts.config["model"] or Vocabulary(ckpt["vocab"]) != self.vocab:
-            raise ValueError(f"cannot {action} {path}: it was trained with a different model config or "
-                             f"vocabulary; {advice}")
-        self.model.load_state_dict(ckpt["model"])
-        return ckpt
+    def read_same_model(self, path: Path, key: str) -> dict[str, Any]:
+        """Load the weights of a checkpoint of this run's model config and vocabulary (SAME_MODEL[key] says
+        what to do instead); refuse any other."""
+        return load_same_model(path, self.model, self.vocab, self.parts.config["model"], self.device,
+                               *SAME_MODEL[key])
 
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, counters, the epoch's position and the RNG states from a
         checkpoint of the same model, so that the run goes on exactly as if it had never stopped."""
-        ckpt = self.read_same_model(path, "resume from", "start a new run or use the same overrides")
+        ckpt = self.read_same_model(path, "resume")
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scheduler and ckpt.get("scheduler"):
             self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -131,7 +126,8 @@ class Trainer:
         self.objective.load_state_dict(ckpt.get("objective") or {})
         if self.scaler is not None and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
-        self.position = ckpt.get("position")
+        self.position, self.bad.in_row = ckpt.get("position"), ckpt.get("bad_in_row", 0)
+        schedule.follow_lr(self.optimizer, self.scheduler, ckpt["config"], self.parts.config)
         rng = ckpt.get("rng") or []
         # no set_seed after this: the run's streams go on where they were
         if len(rng) == distributed.world_size():
@@ -141,16 +137,15 @@ class Trainer:
                            "goes on from here but will not repeat an uninterrupted one exactly", path,
                            len(rng), distributed.world_size())
         self.write_history()  # the finished epochs, whatever an interrupted run left in history.json
-        where = (f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position
-                 else f"epoch {self.epoch}")
-        logger.info("resumed from %s at %s (best %s %.4f)", path, where, self.tc.monitor, self.best)
+        self.bad.saved = (f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position
+                          else f"the end of epoch {self.epoch}")
+        logger.info("resumed from %s at %s (best %s %.4f)", path, self.bad.saved, self.tc.monitor, self.best)
 
     def init_weights(self, path: Path) -> None:
         """init_from=PATH: start from a checkpoint's weights only (same model config and vocabulary), with
         this run's fresh optimizer, schedule and counters (e.g. self-critical training after
         cross-entropy)."""
-        ckpt = self.read_same_model(path, "init_from", "give this run the checkpoint's encoder, attention, "
-                                    "decoder and dataset settings")
+        ckpt = self.read_same_model(path, "init_from")
         logger.info("initialised the weights from %s (epoch %s of its run)", path, ckpt.get("epoch"))
 
     # -- loops -------------------------------------------------------------------------------
@@ -164,11 +159,12 @@ class Trainer:
         terms, self.step_stats = self.objective.loss(ctx, batch)
         return terms
 
-    def optimizer_step(self, loss: torch.Tensor) -> None:
+    def optimizer_step(self, loss: torch.Tensor) -> str | None:
         """Backward (DDP averages gradients over the ranks here), clipping and one step; fp16 scales the
-        loss."""
-        precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(),
-                                 self.tc.grad_clip)
+        loss. A non-finite loss (on any rank) or gradient norm skips the step: returns which, else None."""
+        bad_loss = distributed.any_rank(not torch.isfinite(loss.detach()).item())
+        return precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(),
+                                        self.tc.grad_clip, loss_finite=not bad_loss)
 
     def train_loader(self, start: int = 0) -> tuple[DataLoader, int]:
         """This epoch's shuffled training batches from batch `start` on, and the epoch's number of batches.
@@ -199,9 +195,10 @@ class Trainer:
         and whether the time budget ran out. trainer.checkpoint_every: last.pt every N steps, with the
         position."""
         self.model.train()
-        pos = self.position or {"batch": 0, "count": 0, "skipped": [],
+        pos = self.position or {"batch": 0, "count": 0, "skipped": [], "bad_steps": 0,
                                 "sums": {"loss": 0.0, "nll": 0.0, "token_nll": 0.0, "attention_reg": 0.0}}
         done, sums, n, skipped = pos["batch"], dict(pos["sums"]), pos["count"], list(pos["skipped"])
+        self.bad.in_epoch = pos.get("bad_steps", 0)  # 0 in a checkpoint older than the count
         loader, num_batches = self.train_loader(done)
         bar = tqdm(loader, desc=f"epoch {self.epoch + 1}/{self.tc.max_epochs}", initial=done,
                    total=num_batches, disable=not (self.tc.progress and self.is_main))
@@ -212,34 +209,30 @@ class Trainer:
             # all ranks skip together, or DDP's gradient sync would hang
             if distributed.any_rank(not batch.indices):
                 continue
+            baseline = self.baseline.state_dict()
             terms = self.loss(batch.to(self.device))
-            self.optimizer_step(terms.total)
+            bad = self.optimizer_step(terms.total)
             if isinstance(self.baseline, distributed.GlobalMeanBaseline) and selects_regions(self.model):
                 # the same decision on every rank: the attention type, not this step's coin
                 self.baseline.sync()
             self.step += 1
-            vals: dict[str, float] = {"loss": terms.total.item(), "nll": terms.nll.item(),
-                                      "token_nll": terms.token_nll.item(),
-                                      "attention_reg": terms.attention_reg.item()}
-            if terms.policy is not None and terms.entropy is not None:
-                vals.update(policy=terms.policy.item(), entropy=terms.entropy.item())
-                if self.baseline.value is not None:  # set by the loss's first update
-                    vals["baseline"] = self.baseline.value
-            vals.update(self.step_stats)  # objective=scst: reward, its baseline, advantage, CIDEr-D, lengths
-            for k, v in vals.items():
-                sums[k] = sums.get(k, 0.0) + v
-            n += 1
-            bar.set_postfix(loss=f"{vals['loss']:.3f}", ppl=f"{math.exp(vals['token_nll']):.2f}")
-            if self.step % self.tc.log_every == 0:  # the same steps on every rank
-                for k, v in distributed.pooled_means(vals, 1).items():
-                    writer.add_scalar(f"train/{k}", v, self.step)
+            if not math.isfinite(self.baseline.value or 0.0):  # a non-finite reward never enters the average
+                self.baseline.load_state_dict(baseline)
+            if not self.bad.record(bad, self.epoch, done, self.step, writer):  # TrainingDiverged at the limit
+                vals = self.step_values(terms)
+                for k, v in vals.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n += 1
+                bar.set_postfix(loss=f"{vals['loss']:.3f}", ppl=f"{math.exp(vals['token_nll']):.2f}")
+                if self.step % self.tc.log_every == 0:  # the same steps on every rank
+                    for k, v in distributed.pooled_means(vals, 1).items():
+                        writer.add_scalar(f"train/{k}", v, self.step)
             stop = distributed.any_rank(self.stop.requested is not None)  # every rank stops at the same step
             # done < num_batches: else the epoch's end writes it
             if stop or (every and self.step % every == 0 and done < num_batches):
-                self.position = {"batch": done, "sums": dict(sums), "count": n, "skipped": list(skipped)}
-                state = self.training_state()
-                if self.is_main:
-                    self.save("last.pt", state)
+                self.position = {"batch": done, "sums": dict(sums), "count": n, "skipped": list(skipped),
+                                 "bad_steps": self.bad.in_epoch}
+                self.save_last(self.training_state(), f"batch {done} of epoch {self.epoch + 1}")
                 if stop:
                     raise TrainingInterrupted(self.stop.requested or "signal", self.epoch, self.step,
                                               self.ckpt_dir / "last.pt")
@@ -251,7 +244,32 @@ class Trainer:
                            len(skipped), "; ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
         num_skipped = sum(distributed.all_gather_objects(len(skipped)))
         self.position = None
-        return distributed.pooled_means(sums, n) | {"skipped_images": num_skipped}, out_of_time
+        counts = {"skipped_images": num_skipped, "bad_steps": self.bad.end_epoch(self.epoch)}
+        return distributed.pooled_means(sums, n) | counts, out_of_time
+
+    def step_values(self, terms: LossTerms) -> dict[str, float]:
+        """What a finite step logs: its loss terms, the REINFORCE baseline, the objective's statistics."""
+        vals: dict[str, float] = {"loss": terms.total.item(), "nll": terms.nll.item()}
+        vals.update(token_nll=terms.token_nll.item(), attention_reg=terms.attention_reg.item())
+        if terms.policy is not None and terms.entropy is not None:
+            vals.update(policy=terms.policy.item(), entropy=terms.entropy.item())
+            if self.baseline.value is not None:  # set by the loss's first update
+                vals["baseline"] = self.baseline.value
+        return vals | self.step_stats  # objective=scst: reward, its baseline, advantage, CIDEr-D, lengths
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and buffer of the model is finite, on every rank (a collective)."""
+        return not distributed.any_rank(not precision.all_finite(self.model.state_dict().values()))
+
+    def save_last(self, state: dict[str, Any], where: str, finite: bool | None = None) -> None:
+        """last.pt from `state` (rank 0) if the weights are `finite` (None: check them), else a warning."""
+        if self.weights_finite() if finite is None else finite:
+            self.bad.saved = where
+            if self.is_main:
+                self.save("last.pt", state)
+        elif self.is_main:
+            logger.warning("%s: the model's weights are not all finite; checkpoints/last.pt keeps %s", where,
+                           self.bad.saved or "nothing (none was written)")
 
     def decode(self, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
                batch_size: int) -> list[Prediction] | None:
@@ -290,8 +308,9 @@ class Trainer:
             for k, v in self.history[-1].items():
                 writer.add_scalar(f"epoch/{k}", v, self.epoch)
             if self.scheduler is not None:
-                schedule.step_schedule(self.scheduler, score)
-            improved = score > self.best
+                schedule.step_schedule(self.scheduler, score)  # a NaN score: no improvement
+            finite = self.weights_finite()  # a checkpoint never holds non-finite weights
+            improved = finite and math.isfinite(score) and score > self.best
             self.best, self.bad_epochs = (score, 0) if improved else (self.best, self.bad_epochs + 1)
             state = self.training_state()
             # one copy of every file: rank 0's; last.pt last, so a run stopped before it repeats all
@@ -299,7 +318,7 @@ class Trainer:
                 if improved:
                     self.save("best.pt", state)
                 self.write_history()
-                self.save("last.pt", state)
+            self.save_last(state, f"the end of epoch {self.epoch}", finite)
             logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s",
                         self.epoch, losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
                         val.get("attention_correctness", float("nan")), " (best)" if improved else "")

@@ -209,6 +209,13 @@ def test_resume_and_init_from(shapes_json, tmp_path, key):
     cfg = compose_tiny_train(shapes_json, "trainer.max_epochs=2", f"{key}={bomb}")
     with pytest.raises(ValueError, match="different model config"):
         train(cfg, tmp_path / "second")
+    assert not (tmp_path / "second" / "config.yaml").exists()  # refused before the run was built
+    # the same config with weights of other shapes: refused naming the key, not a load_state_dict traceback
+    reshaped = _edited(run / "checkpoints/last.pt", tmp_path / "reshaped.pt",
+                       lambda c: c["model"].update({"decoder.embed.weight": c["model"]["decoder.embed.weight"][:, :8]}))
+    with pytest.raises(ValueError) as err:
+        train(compose_tiny_train(shapes_json, "trainer.max_epochs=2", f"{key}={reshaped}"), tmp_path / "third")
+    assert re.search(r"decoder.embed.weight is \(\d+, 16\) in the model and \(\d+, 8\) in the file", str(err.value))
 
 
 LOAD = """
