@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_CHANNELS, TINY_MODEL, TINY_POOLS, fail_writes
+from fixtures import TINY_CHANNELS, TINY_MODEL, TINY_POOLS, compose_tiny_train, fail_writes
 from PIL import Image
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
@@ -32,6 +32,7 @@ from captioning.reporting.figures import plot_attention
 from captioning.reporting.html import save_attention, write_report
 from captioning.reporting.items import Prediction, ReportItem
 from captioning.tools import caption, score
+from captioning.train import train
 
 FAULTS = [("write", errno.ENOSPC), ("fsync", errno.EIO), ("replace", errno.ENOSPC), ("create", errno.EACCES)]
 
@@ -233,3 +234,29 @@ def test_the_score_command_stops_with_one_line_and_keeps_the_earlier_file(tmp_pa
     assert out.read_text() == '{"CIDEr": 1.5}\n' and _files(out.parent) == ["metrics.json"]
     monkeypatch.undo()
     assert score.main(argv) == 0 and "Bleu_1" in json.loads(out.read_text())
+
+
+def test_a_training_run_stops_at_a_failed_checkpoint_write_and_resumes_from_the_last_good_one(shapes_json, tmp_path,
+                                                                                             monkeypatch):
+    """The disk fills while epoch 2's last.pt is written: the run stops with the one-line error, epoch 1's last.pt
+    is intact and no temporary file is left; `resume=auto` then finishes the run."""
+    import captioning.base.files as files
+
+    run, temporary, writes = tmp_path / "run", files._temporary, []
+
+    def full_at_the_second_last_pt(path: Path):
+        writes.append(path.name)
+        if writes.count("last.pt") == 2 and path.name == "last.pt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return temporary(path)
+
+    monkeypatch.setattr(files, "_temporary", full_at_the_second_last_pt)
+    settings = ("eval.num_figures=0", "eval.metrics=[bleu]", "trainer.max_epochs=2")
+    with pytest.raises(OSError, match=f"^{re.escape(_message(run / 'checkpoints' / 'last.pt', errno.ENOSPC))}$"):
+        train(compose_tiny_train(shapes_json, *settings), run)
+    assert read_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    monkeypatch.setattr(files, "_temporary", temporary)
+    train(compose_tiny_train(shapes_json, *settings, "resume=auto"), run)
+    assert [e["epoch"] for e in json.loads((run / "history.json").read_text())] == [1, 2]
+    assert read_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 2
