@@ -13,6 +13,7 @@ there instead of swapping.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+
+from captioning.data.karpathy import read_karpathy
 
 BOMB_HIDDEN = 10_000_000
 LIMIT = 16 << 30
@@ -71,7 +74,9 @@ def main() -> None:
         torch.save(ckpt, bomb)
         Image.new("RGB", (64, 64), "white").save(tmp / "x.png")
         results = tmp / "results.json"
-        results.write_text('[{"image_id": 0, "caption": "a square"}]')
+        annotations = ckpt["config"]["dataset"]["annotations"]
+        image_id = read_karpathy(annotations, "test")[0].image_id
+        results.write_text(json.dumps([{"image_id": image_id, "caption": "a square"}]))
         print(f"good {good} ({good.stat().st_size / 1e6:.1f} MB); bomb {bomb.stat().st_size / 1e6:.1f} MB, "
               f"decoder.hidden_dim {BOMB_HIDDEN:,}")
         run("python: import the loader only", [sys.executable, "-c", IMPORT_ONLY], tmp)
@@ -83,7 +88,7 @@ def main() -> None:
             "captioning-caption": ["x.png", "--checkpoint", str(bomb)],
             "captioning-evaluate": [f"checkpoint={bomb}", "hydra.run.dir=eval"],
             "captioning-html --checkpoint": ["--results", str(results), "--checkpoint", str(bomb),
-                                             "--annotations", ckpt["config"]["dataset"]["annotations"]],
+                                             "--annotations", annotations],
             "captioning-export": ["--checkpoint", str(bomb), "--out", "export"],
             "captioning-demo": ["--checkpoint", str(bomb), "--port", "0"],
             "captioning-train resume=": [f"resume={bomb}", "hydra.run.dir=run1"],

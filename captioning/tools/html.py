@@ -54,15 +54,15 @@ def build_report(args: argparse.Namespace) -> Path:
     writable_file(out)  # a read-only output fails before the scoring; nothing else is written
     if args.image_root is not None and not args.image_root.is_dir():
         raise FileNotFoundError(f"--image-root is not a folder: {args.image_root}")
+    view = None
+    if args.checkpoint is not None:  # first: a checkpoint that is refused is refused before any scoring
+        from captioning.factory.checkpoints import load_model
+
+        view = load_model(args.checkpoint)[0].encoder.view
     refs, paths = load_annotations(args.annotations, args.split, args.image_root)
     results = load_results(args.results, refs)
     scores = score_captions(results, refs, [m for m in args.metrics.split(",") if m], args.tokenizer)
     attention, mark = load_attention(args.attention) if args.attention else (None, False)
-    view = None
-    if args.checkpoint is not None:
-        from captioning.factory.checkpoints import load_model
-
-        view = load_model(args.checkpoint)[0].encoder.view
     items = items_from_results(results, refs, scores.per_image, paths, attention, mark, view)
     metrics = {"results": str(args.results), **scores.overall, "num_images": len(results),
                "tokenizer": scores.tokenizer}
