@@ -41,7 +41,7 @@ def main() -> None:
             set_seed(int(cfg.seed))
             trainers[variant] = build_trainer(cfg, Path(out) / str(len(trainers)))
         first = next(iter(trainers.values()))
-        lengths = item_lengths(training_view(first.data["train"], first.cfg.dataset.batch_unit)[0])
+        lengths = item_lengths(training_view(first.data["train"], first.parts.loader.batch_unit)[0])
         print(f"training items: caption length mean {lengths.mean():.2f}, sd {lengths.std():.2f}, "
               f"min {lengths.min():.1f}, max {lengths.max():.1f}")
         for r in range(args.rounds):
