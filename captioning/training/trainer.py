@@ -334,6 +334,8 @@ class Trainer:
         """Evaluate the best checkpoint on the test split with the eval settings (evaluate_split); rank 0
         writes metrics.json and the figures; every rank returns the metrics."""
         distributed.barrier()  # rank 0 has written best.pt
+        if not (self.ckpt_dir / "best.pt").is_file():  # no epoch was scorable with finite weights
+            raise ValueError(f"no epoch ended with finite weights and a finite {self.tc.monitor}: no best.pt")
         best = read_checkpoint(self.ckpt_dir / "best.pt", map_location=self.device)
         self.model.load_state_dict(best["model"])
         self.write_curves()  # embedded in report.html

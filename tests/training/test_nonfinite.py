@@ -201,6 +201,13 @@ def test_a_nan_validation_score_is_no_improvement(data_root, tmp_path, monkeypat
     assert last["scheduler"]["num_bad_epochs"] == 1 and last["scheduler"]["best"] == first["val_CIDEr"]
 
 
+def test_no_finite_validation_score_at_all_is_one_error_not_a_missing_file(data_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"CIDEr": NAN, "Bleu_4": NAN})
+    with pytest.raises(ValueError, match="^no epoch ended with finite weights and a finite CIDEr: no best.pt$"):
+        train(compose_train(*tiny(data_root, EPOCHS2)), tmp_path)
+    assert not (tmp_path / "checkpoints/best.pt").exists() and last_checkpoint(tmp_path)["epoch"] == 2
+
+
 def test_non_finite_weights_are_never_checkpointed(data_root, tmp_path, monkeypatch, caplog):
     """A BatchNorm statistic turned NaN after epoch 2's validation: neither last.pt nor best.pt takes it."""
     real = Trainer.validate
