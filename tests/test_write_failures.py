@@ -236,26 +236,30 @@ def test_the_score_command_stops_with_one_line_and_keeps_the_earlier_file(tmp_pa
     assert score.main(argv) == 0 and "Bleu_1" in json.loads(out.read_text())
 
 
-def test_a_training_run_stops_at_a_failed_checkpoint_write_and_resumes_from_the_last_good_one(shapes_json, tmp_path,
-                                                                                             monkeypatch):
-    """The disk fills while epoch 2's last.pt is written: the run stops with the one-line error, epoch 1's last.pt
-    is intact and no temporary file is left; `resume=auto` then finishes the run."""
+@pytest.mark.parametrize("name", ["last.pt", "history.json"])
+def test_a_training_run_stopped_by_a_failed_write_keeps_epoch_1_and_resumes(shapes_json, tmp_path, monkeypatch, name):
+    """The disk fills while epoch 2's last.pt or history.json is written: the run stops with the one-line error,
+    epoch 1's file is intact and no temporary file is left; `resume=auto` then finishes the run."""
     import captioning.base.files as files
 
     run, temporary, writes = tmp_path / "run", files._temporary, []
 
-    def full_at_the_second_last_pt(path: Path):
+    def full_at_the_second(path: Path):
         writes.append(path.name)
-        if writes.count("last.pt") == 2 and path.name == "last.pt":
+        if path.name == name and writes.count(name) == 2:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return temporary(path)
 
-    monkeypatch.setattr(files, "_temporary", full_at_the_second_last_pt)
+    monkeypatch.setattr(files, "_temporary", full_at_the_second)
     settings = ("eval.num_figures=0", "eval.metrics=[bleu]", "trainer.max_epochs=2")
-    with pytest.raises(OSError, match=f"^{re.escape(_message(run / 'checkpoints' / 'last.pt', errno.ENOSPC))}$"):
+    target = run / "checkpoints" / name if name.endswith(".pt") else run / name
+    with pytest.raises(OSError, match=f"^{re.escape(_message(target, errno.ENOSPC))}$"):
         train(compose_tiny_train(shapes_json, *settings), run)
     assert read_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1
-    assert not list((run / "checkpoints").glob("*.tmp"))
+    # last.pt is written last: history.json then holds epoch 2 already, which the resumed run writes again
+    epochs = [1] if name == "history.json" else [1, 2]
+    assert [e["epoch"] for e in json.loads((run / "history.json").read_text())] == epochs
+    assert not list(run.rglob("*.tmp"))
     monkeypatch.setattr(files, "_temporary", temporary)
     train(compose_tiny_train(shapes_json, *settings, "resume=auto"), run)
     assert [e["epoch"] for e in json.loads((run / "history.json").read_text())] == [1, 2]
