@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from captioning.runtime import CONF_DIR
 # integration tier (`@pytest.mark.integration` above `@needs_java`): each call starts a Java process, and a run of
 # the in-process tier alone hides Java (conftest.py's no_jvm_in_process).
 HAS_JAVA = shutil.which("java") is not None
+BIN = str(Path(sys.executable).parent)  # PATH for in-process and subprocess runs: the .venv's scripts, no `java`
 needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 
 # The tiny encoder: a SmallCNN of two conv blocks (8 and 16 channels) and two 2x2 pools (32 px -> 8 x 8 grid),

@@ -34,20 +34,7 @@ from captioning.training.trainer import Trainer
 NAN = float("nan")
 
 
-@pytest.fixture(autouse=True)
-def quick(monkeypatch):
-    """As in test_resume.py: the Python tokenizer (no JVM per score), no curve figure, one intra-op thread."""
-    monkeypatch.setenv("PATH", BIN)
-    monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("shapes")
+pytestmark = pytest.mark.usefixtures("quick_scoring", "one_thread")  # tests/training/conftest.py
 
 
 def inject(mp: pytest.MonkeyPatch, nan_at: Callable[[int], bool] = lambda k: False, skip_at: frozenset = frozenset(),

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import TINY_ENCODER
+from fixtures import BIN, TINY_ENCODER
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -31,7 +31,6 @@ from captioning.runtime import CONF_DIR
 from captioning.train import train
 
 CONF = str(CONF_DIR)
-BIN = str(Path(sys.executable).parent)  # PATH for the runs: no `java` on it
 TIMING = {"train_seconds"}
 EPOCHS, STEPS_PER_EPOCH = 4, 6
 # A subprocess that trains and SIGKILLs itself at KILL_AT (kind:which:n), e.g. step::9 (before the 9th optimizer
@@ -100,26 +99,7 @@ def tiny(root: Path, *extra: str) -> list[str]:
             "device=cpu", *extra]
 
 
-@pytest.fixture(autouse=True)
-def quick_scoring(monkeypatch):
-    """Python tokenizer (no JVM per score) and no training-curve figure, in this process."""
-    monkeypatch.setenv("PATH", BIN)
-    monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread here, as in the killed subprocesses (OMP_NUM_THREADS=1): the thread count changes the
-    order of float sums, so runs are only comparable bit for bit at the same count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("shapes")
+pytestmark = pytest.mark.usefixtures("quick_scoring", "one_thread")  # tests/training/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,7 @@ from captioning.training.scst.sampling import Samples, sample_captions
 CONF = str(CONF_DIR)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: these tiny models run faster without thread hand-offs (and share the CPU better)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/training/conftest.py
 
 
 def _compose(*overrides: str):
