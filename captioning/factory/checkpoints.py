@@ -81,11 +81,7 @@ def load_model(path: str | os.PathLike,
         shapes = _build(model_cfg, len(vocab), path)
     check_weights(shapes.state_dict(), weights, len(vocab), path)
     model = _build(model_cfg, len(vocab), path)  # now known to be the size of the stored weights
-    try:
-        model.load_state_dict(weights)
-    except (RuntimeError, TypeError, AttributeError) as err:
-        raise ValueError(f"checkpoint {path}: its weights do not fit the model its config describes "
-                         f"({_first_line(err)})") from err
+    model.load_state_dict(weights)  # check_weights: the same keys, shapes and dtypes
     model.to(map_location).eval()
     return model, vocab, ckpt
 
