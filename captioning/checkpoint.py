@@ -9,6 +9,7 @@ from one (its config checked against the registry first) is `captioning.factory.
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,15 @@ def save_checkpoint(path: str | os.PathLike, model: Captioner, vocab: Vocabulary
     return path
 
 
+def _reason(err: Exception) -> str:
+    """Why torch.load refused a file, short (torch's weights-only message runs to several paragraphs)."""
+    if isinstance(err, pickle.UnpicklingError):
+        return ("not a file torch.save wrote, or one holding objects other than tensors and plain containers, "
+                "which are refused for safety")
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {first[:200]}" if first else type(err).__name__
+
+
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint dict safely, with a clear error for a missing or foreign file (`mmap`: tensors mapped
@@ -45,7 +55,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # unpickling errors come in many types; all mean "not ours"
-        raise ValueError(f"{path} is not a readable captioning checkpoint ({type(err).__name__}: {err})") from err
+        raise ValueError(f"{path} is not a readable captioning checkpoint ({_reason(err)})") from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a captioning checkpoint (expected format {FORMAT!r}); "
                          "was it written by another tool?")

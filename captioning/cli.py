@@ -2,10 +2,11 @@
 
 Each entry point's `main()` runs its work through `run_cli`: success exits 0 (the console script's
 `sys.exit(main())` receives 0 or None); an error a user can cause (ValueError - ConfigError and
-UnsafeCheckpointError included -, OSError - FileNotFoundError and ImageError included - or Ctrl-C) prints one
-line `PROG: error: MESSAGE` on stderr and exits 2 (130 for Ctrl-C). Anything else is a bug and keeps its
-traceback. Inside a Hydra multirun the error is logged on one line and re-raised, so the sweeper records a
-failed job and goes on (or stops) by its own rules instead of the whole process exiting.
+UnsafeCheckpointError included -, OSError - FileNotFoundError and ImageError included) prints one line
+`PROG: error: MESSAGE` on stderr and exits 2; Ctrl-C, a deliberate stop, prints `PROG: stopped by Ctrl-C` and
+exits 130. Anything else is a bug and keeps its traceback. Inside a Hydra multirun the error is logged on one
+line and re-raised, so the sweeper records a failed job and goes on (or stops) by its own rules instead of the
+whole process exiting.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -60,7 +63,8 @@ def run_cli(fn: Callable[[], T], prog: str | None = None,
     except KeyboardInterrupt:
         if _in_hydra_multirun():
             raise
-        fail(prog, "interrupted", EXIT_INTERRUPTED)
+        print(f"{prog}: stopped by Ctrl-C", file=sys.stderr, flush=True)  # a deliberate stop, not an error
+        sys.exit(EXIT_INTERRUPTED)
     except expected as err:
         if _in_hydra_multirun():
             logger.error("%s: error: %s", prog, one_line(err))
@@ -114,3 +118,20 @@ def writable_file(path: str | os.PathLike) -> Path:
         except OSError as err:
             raise OSError(f"cannot write to {path}: {err.strerror or err}") from err
     return path
+
+
+# The folders above an output folder that its default layout creates: outputs/<date>/<time> (captioning-train) and
+# <run>/eval/<split>-beam<K>-<name> (captioning-evaluate).
+LAYOUT_PARENTS = re.compile(r"\d{4}-\d{2}-\d{2}|outputs|eval")
+
+
+def remove_unused_folder(out_dir: Path, kept: tuple[str, ...] = (".hydra",)) -> None:
+    """Delete an output folder that holds nothing but `kept` names and *.log files (what Hydra puts there before
+    the work writes anything: a launch that failed early), then the layout's parents above it that it left empty."""
+    if not out_dir.is_dir() or any(p.name not in kept and p.suffix != ".log" for p in out_dir.iterdir()):
+        return
+    shutil.rmtree(out_dir, ignore_errors=True)
+    parent = out_dir.parent
+    while LAYOUT_PARENTS.fullmatch(parent.name) and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent

@@ -11,7 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.cli import fail, run_cli
+from captioning.cli import fail, remove_unused_folder, run_cli
 from captioning.config import validate_evaluate_config
 from captioning.config.overrides import check_overrides
 from captioning.data.features import open_features
@@ -56,8 +56,14 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
 def hydra_main(cfg: DictConfig) -> None:
-    """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2."""
-    metrics = run_cli(lambda: evaluate(cfg, Path(HydraConfig.get().runtime.output_dir)), PROG)
+    """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2, and leaves no empty
+    output folder."""
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        metrics = run_cli(lambda: evaluate(cfg, out_dir), PROG)
+    except SystemExit:
+        remove_unused_folder(out_dir)
+        raise
     print(json.dumps(metrics, indent=2))
 
 
@@ -67,7 +73,8 @@ def main() -> None:
     asks_help = bool({"--help", "-h", "--hydra-help"} & set(args))
     if not any(a.lstrip("+").startswith("checkpoint=") for a in args) and not asks_help:
         fail(PROG, "give checkpoint=PATH (a best.pt or last.pt of captioning-train); see captioning-evaluate --help")
-    run_cli(lambda: check_overrides(args, CONF_DIR, "evaluate"), PROG)  # typos: one line, before Hydra starts
+    # typos, bad values, a missing checkpoint: one line, before Hydra makes the output folder
+    run_cli(lambda: check_overrides(args, CONF_DIR, "evaluate", validate_evaluate_config), PROG)
     hydra_main()
 
 

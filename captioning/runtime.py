@@ -12,14 +12,36 @@ import torch
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+class DeviceError(ValueError):
+    """A device this machine does not have (device=cuda on a CPU-only machine, cuda:N past the last GPU)."""
+
+
+def device_problem(name: str) -> str | None:
+    """Why `device=name` cannot run on this machine, or None when it can ('auto' always can)."""
+    if name == "auto":
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        return "not a device; use auto, cpu, mps, cuda or cuda:N"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU or driver is visible"
+        return f"CUDA is not available on this machine ({build}); use device=cpu or device=auto"
+    if device.type == "cuda" and device.index is not None and device.index >= (n := torch.cuda.device_count()):
+        return f"this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS (Apple GPU) is not available on this machine; use device=cpu or device=auto"
+    return None
+
+
 def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when available; anything else is passed to torch.device."""
+    """'auto' picks CUDA when available; anything else is passed to torch.device. DeviceError (a ValueError: one
+    line in every command) for a device this machine does not have."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device={name} was requested but CUDA is not available; use device=cpu")
-    return device
+    if (problem := device_problem(name)) is not None:
+        raise DeviceError(f"device={name}: {problem}")
+    return torch.device(name)
 
 
 def set_seed(seed: int) -> None:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shlex
-import shutil
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -23,7 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 from captioning.base.files import write_text_atomic
 from captioning.base.moved import moved_override
 from captioning.checkpoint import read_checkpoint, same_model
-from captioning.cli import EXIT_INTERRUPTED, EXPECTED_ERRORS, fail, run_cli
+from captioning.cli import EXIT_INTERRUPTED, EXPECTED_ERRORS, remove_unused_folder, run_cli
 from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
 from captioning.factory.models import model_config
@@ -102,9 +100,11 @@ def hydra_main(cfg: DictConfig) -> float:
     try:
         metrics = run_cli(run, PROG, (*EXPECTED_ERRORS, RunFolderError, TrainingDiverged))
     except TrainingInterrupted as stop:
-        fail(PROG, f"{stop}; continue it with: {continue_command(out_dir)}", EXIT_INTERRUPTED)
+        # a deliberate stop, not an error: `captioning-train: stopped by Ctrl-C (SIGINT) in epoch ...`
+        print(f"{PROG}: {stop}; continue it with: {continue_command(out_dir)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
     except SystemExit:
-        remove_if_unused(out_dir)
+        remove_unused_folder(out_dir, HYDRA_FILES)
         raise
     return float(metrics[f"val_{cfg.trainer.monitor}"])
 
@@ -114,16 +114,6 @@ def continue_command(out_dir: Path) -> str:
     kept = [o for o in HydraConfig.get().overrides.task
             if o.split("=", 1)[0].lstrip("+~") not in ("resume", "overwrite", "hydra.run.dir")]
     return shlex.join([PROG, *kept, f"hydra.run.dir={out_dir}", "resume=auto"])
-
-
-def remove_if_unused(out_dir: Path) -> None:
-    """Delete a run folder that holds nothing but what Hydra and the lock put there (a launch that failed early)."""
-    if not out_dir.is_dir() or any(p.name not in HYDRA_FILES and p.suffix != ".log" for p in out_dir.iterdir()):
-        return
-    shutil.rmtree(out_dir, ignore_errors=True)
-    day = out_dir.parent  # the default layout's outputs/<date>/, when this was the day's only run
-    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day.name) and day.is_dir() and not any(day.iterdir()):
-        day.rmdir()
 
 
 def rename_moved(argv: list[str]) -> list[str]:
@@ -145,7 +135,8 @@ def main() -> None:
     if distributed.init_from_env() is not None:
         sys.argv += distributed.torchrun_overrides(sys.argv[1:], CONF_DIR / "train.yaml")
     sys.argv[1:] = rename_moved(sys.argv[1:])
-    run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "train"), PROG)  # typos: one line, before Hydra starts
+    # typos, bad values, missing files, a device this machine lacks: one line, before Hydra makes a run folder
+    run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "train", validate_train_config), PROG)
     try:
         hydra_main()
     finally:

@@ -10,7 +10,7 @@ mistake: `atention=hard: unknown config group or key (did you mean 'attention'?)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,13 @@ def _has_key(cfg: Any, dotted: str) -> tuple[bool, str, list[str]]:
     return True, "", []
 
 
-def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str) -> None:
-    """Raise OverrideError for the first override that names an unknown group, choice or key (see the docstring)."""
+def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
+                    validate: Callable[[DictConfig], None] | None = None) -> None:
+    """Raise OverrideError for the first override that names an unknown group, choice or key (see the docstring).
+
+    With `validate` (the app's config check), a single run's composed config is checked here too, so a bad value,
+    a missing file or a device this machine lacks fails before Hydra makes a run folder. A sweep (`-m`, `a,b`) and
+    Hydra's own flags (`--cfg`, `-cd`, ...) are left to the run, which checks its config again in any case."""
     args = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
         overrides = OverridesParser.create().parse_overrides(args)
@@ -89,3 +94,12 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str) -> No
                 what = "key" if "." in missing else "config group or key"
                 raise OverrideError(f"{o.input_line}: unknown {what}{did_you_mean(missing.rsplit('.', 1)[-1], keys)} "
                                     f"(to add a new key, write +{o.input_line})")
+    if validate is not None and not any(a.startswith("-") for a in argv) and not any(
+            o.is_sweep_override() for o in overrides):
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            try:
+                full = compose(config_name, overrides=[o.input_line for o in overrides
+                                                       if not o.key_or_group.lstrip("+~").startswith("hydra")])
+            except (HydraException, OmegaConfBaseException):
+                return  # Hydra reports it when it composes the same overrides
+        validate(full)

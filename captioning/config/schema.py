@@ -23,6 +23,7 @@ are accepted as they are (another part of the code base may add one to conf/ fir
 same key is still a typo.
 """
 
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
@@ -37,7 +38,7 @@ from captioning.base.signature import file_parameters
 from captioning.config.check import ConfigError, Target, extra_keys_for, rules_for, validate  # noqa: F401
 from captioning.factory import registry
 from captioning.metrics.coco import VALID_METRICS
-from captioning.runtime import CONF_DIR
+from captioning.runtime import CONF_DIR, device_problem
 
 # The metrics validation computes (what trainer.monitor may name) and the metrics scoring knows.
 MONITORS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr", "attention_correctness")
@@ -45,7 +46,8 @@ METRICS = tuple(VALID_METRICS)
 
 Positive = Size  # the shared aliases of captioning/base/constraints.py
 NonNegative = Annotated[float, Range(ge=0)]
-Device = Annotated[str, Pattern(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, mps, cuda or cuda:N")]
+DEVICES = r"auto|cpu|mps|cuda(:\d+)?"
+Device = Annotated[str, Pattern(DEVICES, "auto, cpu, mps, cuda or cuda:N")]
 
 
 class DatasetConfig(TypedDict):
@@ -167,8 +169,17 @@ def _trainer_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
         yield "monitor", f"={monitor!r} is not computed during validation; {choose_one(monitor, MONITORS)}"
 
 
+def _device_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
+    """A device this machine does not have fails with the config, before a run folder is made (device=cuda
+    copied from a GPU machine's command line onto a laptop)."""
+    device = v.get("device")
+    if isinstance(device, str) and re.fullmatch(DEVICES, device) and (problem := device_problem(device)):
+        yield "device", f"={device}: {problem}"
+
+
 @rules_for(TrainConfig)
 def _train_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
+    yield from _device_rules(v)
     resume = v.get("resume")
     if isinstance(resume, str) and resume != "auto" and not Path(resume).is_file():
         yield "resume", f"={resume!r}: checkpoint not found; give a checkpoint file, auto or null"
@@ -179,6 +190,7 @@ def _train_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
 
 @rules_for(EvaluateConfig)
 def _evaluate_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
+    yield from _device_rules(v)
     if isinstance(v.get("checkpoint"), str) and v["checkpoint"] != "???" and not Path(v["checkpoint"]).is_file():
         yield "checkpoint", f"={v['checkpoint']!r}: checkpoint not found; give checkpoint=PATH to a .pt file"
 

@@ -27,12 +27,18 @@ logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def signal_words(signame: str) -> str:
+    """A signal as a user knows it: SIGINT is the Ctrl-C they pressed."""
+    return "Ctrl-C (SIGINT)" if signame == "SIGINT" else signame
+
+
 class TrainingInterrupted(Exception):
     """Training stopped on a signal after writing a resumable checkpoint."""
 
     def __init__(self, signame: str, epoch: int, step: int, checkpoint: Path):
         self.signame, self.epoch, self.step, self.checkpoint = signame, epoch, step, checkpoint
-        super().__init__(f"{signame}: stopped in epoch {epoch + 1} after step {step}; the run is saved in {checkpoint}")
+        super().__init__(f"stopped by {signal_words(signame)} in epoch {epoch + 1} after step {step}; the run is "
+                         f"saved in {checkpoint}")
 
 
 class TrainingDiverged(Exception):
@@ -103,7 +109,8 @@ class StopRequest:
         if self.requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = name
-        logger.warning("%s: stopping after this step and saving the run (Ctrl-C again to abort at once)", name)
+        logger.warning("%s: stopping after this step and saving the run (Ctrl-C again to abort at once)",
+                       signal_words(name))
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():

@@ -139,7 +139,8 @@ class Trainer:
         self.write_history()  # the finished epochs, whatever an interrupted run left in history.json
         self.bad.saved = (f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position
                           else f"the end of epoch {self.epoch}")
-        logger.info("resumed from %s at %s (best %s %.4f)", path, self.bad.saved, self.tc.monitor, self.best)
+        best = f"best {self.tc.monitor} {self.best:.4f}" if math.isfinite(self.best) else "no epoch scored yet"
+        logger.info("resumed from %s at %s (%s)", path, self.bad.saved, best)
 
     def init_weights(self, path: Path) -> None:
         """init_from=PATH: start from a checkpoint's weights only (same model config and vocabulary), with

@@ -155,6 +155,36 @@ def test_prepare_to_karpathy_round_trip(tmp_path):
                                                     "line 6: 'caption' is empty")
 
 
+# A bad launch as a newcomer types it, from a working folder in the default layout (no hydra.run.dir): one line,
+# exit status 2 and nothing left behind (no outputs/<date>/<time>/, no <run>/eval/...). {ckpt} is a real checkpoint in
+# run/checkpoints/, {foreign} a file that is not one; the last two fail after Hydra has made the folder.
+BAD_LAUNCHES = [
+    ("captioning-train", ["device=cuda"], ["device=cuda: CUDA is not available", "use device=cpu"]),
+    ("captioning-train", ["trainer.max_epochs=-1"], ["trainer.max_epochs=-1: must be >= 1"]),
+    ("captioning-evaluate", ["checkpoint=nope"], ["checkpoint='nope': checkpoint not found"]),
+    ("captioning-evaluate", ["checkpoint={ckpt}", "eval.beam_size=0"], ["eval.beam_size=0: must be >= 1"]),
+    ("captioning-evaluate", ["checkpoint={ckpt}", "eval.split=tset"], ["eval.split='tset'", "did you mean 'test'"]),
+    ("captioning-evaluate", ["checkpoint={ckpt}", "device=cuda"], ["device=cuda: CUDA is not available"]),
+    ("captioning-evaluate", ["checkpoint={foreign}", "device=cpu"], ["notes.pt is not a readable captioning checkpoint"]),
+    ("captioning-train", ["init_from={foreign}", "device=cpu"], ["notes.pt is not a readable captioning checkpoint"]),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("script, args, fragments", BAD_LAUNCHES, ids=[" ".join(a) for _, a, _ in BAD_LAUNCHES])
+def test_a_bad_launch_is_one_line_and_leaves_no_folder(tmp_path, script, args, fragments):
+    if "device=cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    model = build_captioner(TINY_MODEL, 4)
+    ckpt = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", model, Vocabulary.build([["a"]]),
+                           {"model": TINY_MODEL})
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    proc = run(script, *(a.format(ckpt=ckpt, foreign=tmp_path / "notes.pt") for a in args), cwd=tmp_path)
+    assert_one_line_error(proc, script, *fragments)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no folder, no log left
+
+
 @pytest.mark.integration
 def test_score_and_html_exit_status(trained, shapes_json, tmp_path):
     results = trained / "eval" / "results.json"
@@ -226,7 +256,7 @@ def test_run_cli_one_line_errors_and_exit_status(capsys):
     cases = [(ConfigError([("a.b", "must be >= 1"), ("c", "unknown key")]), 2,
               "prog: error: invalid configuration (2 problems): a.b: must be >= 1; c: unknown key"),
              (FileNotFoundError("file not found: x.json"), 2, "prog: error: file not found: x.json"),
-             (KeyboardInterrupt(), 130, "prog: error: interrupted")]
+             (KeyboardInterrupt(), 130, "prog: stopped by Ctrl-C")]
     for error, status, line in cases:
         def fail(error=error):
             raise error

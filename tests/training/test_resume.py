@@ -11,6 +11,7 @@ training-curve figure is not drawn (it is made from history.json, which is compa
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -275,18 +276,23 @@ def test_every_kill_point_resumes_bit_identical(data_root, reference, tmp_path, 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("signame, at", [("SIGINT", 3), ("SIGTERM", 6), ("SIGINT", 14)])
-def test_a_signal_saves_the_run_and_resume_is_bit_identical(data_root, reference, tmp_path, signame, at):
+def test_a_signal_saves_the_run_and_resume_is_bit_identical(data_root, reference, tmp_path, signame, at, caplog):
     """Ctrl-C / SIGTERM during optimizer step `at` (mid-epoch, an epoch's last step, a later epoch): the run writes a
     resumable last.pt right after that step and exits 130; resume=auto then ends bit-identical."""
     ref = reference("hard")
     overrides = tiny(data_root, *ATTENTION["hard"])  # no checkpoint_every: the stop itself writes last.pt
     proc = killed_run(tmp_path, overrides, f"{signame}::{at}")
     assert proc.returncode == 130, proc.stderr[-2000:]
-    assert f"{signame}: stopped in epoch {(at - 1) // STEPS_PER_EPOCH + 1} after step {at}" in proc.stderr
+    how = "Ctrl-C (SIGINT)" if signame == "SIGINT" else signame
+    assert f"stopped by {how} in epoch {(at - 1) // STEPS_PER_EPOCH + 1} after step {at}" in proc.stderr
     last = last_checkpoint(tmp_path)
     assert last["step"] == at and not (tmp_path / "metrics.json").exists()
     assert last["position"]["batch"] == (at - 1) % STEPS_PER_EPOCH + 1  # the batches of its epoch done so far
-    resume_and_compare(tmp_path, overrides, ref)
+    with caplog.at_level(logging.INFO, logger="captioning.training.trainer"):
+        resume_and_compare(tmp_path, overrides, ref)
+    (resumed,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
+    # before any validation there is no best score to report (it was "best CIDEr -inf")
+    assert resumed.endswith("(no epoch scored yet)" if at <= STEPS_PER_EPOCH else f"(best CIDEr {last['best']:.4f})")
 
 
 # -- self-critical training (objective=scst) ---------------------------------------------------------------------
