@@ -15,7 +15,13 @@ TORCH_INDEX ?= $(shell if ! command -v nvidia-smi >/dev/null 2>&1 && curl -sfI -
 
 .PHONY: train test test-fast test-all lint install notebook clean
 
+# Said before pip starts: which torch build is coming, and how to choose another.
+TORCH_NOTE = $(if $(TORCH_INDEX),from $(TORCH_INDEX),from pip's configured index (on Linux PyPI's CUDA build, about 5 GB))$(TORCH_WHY)
+TORCH_WHY = $(if $(filter file,$(origin TORCH_INDEX)),$(if $(TORCH_INDEX), as no NVIDIA driver was found, as an NVIDIA \
+	driver was found or $(CPU_INDEX) could not be reached))
+
 $(VENV)/.installed: pyproject.toml
+	@echo "captioning: installing torch $(TORCH_NOTE); another build: make $(or $(MAKECMDGOALS),install) TORCH_INDEX=$(CPU_INDEX) (CPU only, about 0.7 GB), TORCH_INDEX=https://download.pytorch.org/whl/cu124 (CUDA 12.4) or TORCH_INDEX= (pip's default)"
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(if $(TORCH_INDEX),$(BIN)/pip install 'torch>=2.4' 'torchvision>=0.19' --index-url $(TORCH_INDEX),)
 	$(BIN)/pip install -e .

@@ -38,6 +38,11 @@ from captioning.inference.sources import ImageSource, assign_ids, collect_images
 PROG = "captioning-caption"
 
 
+def count(n: int, noun: str) -> str:
+    """'1 image', '2 images'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def open_image(path: Path) -> Image.Image:
     """Read an image as the data sets do (RGB, EXIF rotation applied); an ImageError names the file otherwise."""
     return load_image(path)
@@ -152,7 +157,7 @@ def caption_run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     seconds = time.perf_counter() - start
-    said = [f"captioned {len(rows)} images in {seconds:.1f} s ({len(rows) / max(seconds, 1e-9):.1f} images/s)"]
+    said = [f"captioned {count(len(rows), 'image')} in {seconds:.1f} s ({len(rows) / max(seconds, 1e-9):.1f} images/s)"]
     if earlier:
         said.append(f"{len(earlier)} more from the earlier run")
     if skipped:
@@ -163,7 +168,7 @@ def caption_run(args: argparse.Namespace) -> int:
     if log:
         said.append(f"log: {log.path}")
     if args.figures:
-        said.append(f"{figures} figures in {args.figures}")
+        said.append(f"{count(figures, 'figure')} in {args.figures}")
     print(f"{PROG}: " + "; ".join(said), file=sys.stderr)
     return skipped
 
