@@ -1,6 +1,10 @@
 """Training curves of a run (curves.png): loss, validation CIDEr and BLEU-4 by epoch, from its history.json, and for
 self-critical training (objective=scst) the training reward: the sampled captions' mean reward, its baseline and
-the greedy captions' CIDEr-D."""
+the greedy captions' CIDEr-D.
+
+The loss panel draws `loss` (what was minimised) and `nll` (its cross-entropy part); where they are the same series
+(cross-entropy with no extra terms, e.g. no attention regularisation) it draws one line, labelled SAME_LOSS_LABEL.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -21,6 +26,8 @@ CURVES_NAME = "curves.png"
 CURVE_PANELS = (("training loss", ("loss", "nll")), ("validation CIDEr", ("val_CIDEr",)),
                 ("validation BLEU-4", ("val_Bleu_4",)),
                 ("SCST reward (training)", ("reward", "reward_baseline", "greedy_CIDEr")))
+SAME_LOSS_LABEL = "loss (= nll: no extra loss terms)"
+Points = list[tuple[int, float]]
 
 
 def load_history(path: Path) -> list[dict[str, Any]]:
@@ -34,6 +41,23 @@ def load_history(path: Path) -> list[dict[str, Any]]:
     return history
 
 
+def _points(history: Sequence[Mapping[str, Any]], key: str) -> Points:
+    """(epoch, value) of every record with a numeric `key`."""
+    return [(h["epoch"], float(h[key])) for h in history if isinstance(h.get(key), (int, float))]
+
+
+def panel_lines(history: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[tuple[str, Points]]:
+    """(label, points) of each line of a panel: one per key, but `loss` and `nll` as one line when they are the same
+    series (same epochs, np.allclose values), so neither hides the other."""
+    lines = [(key, _points(history, key)) for key in keys]
+    series = dict(lines)
+    loss, nll = series.get("loss"), series.get("nll")
+    if loss and nll and [e for e, _ in loss] == [e for e, _ in nll] and np.allclose([v for _, v in loss],
+                                                                                    [v for _, v in nll]):
+        lines = [(SAME_LOSS_LABEL, loss) if key == "loss" else (key, pts) for key, pts in lines if key != "nll"]
+    return lines
+
+
 def curves_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
     """One panel per curve group present in the history (loss, validation CIDEr, validation BLEU-4, SCST reward)
     by epoch."""
@@ -45,9 +69,8 @@ def curves_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
     fig = Figure(figsize=(4.2 * len(panels), 3.2), dpi=100)
     FigureCanvasAgg(fig)
     for ax, (title, keys) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        for key in keys:
-            pts = [(h["epoch"], float(h[key])) for h in history if isinstance(h.get(key), (int, float))]
-            ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", markersize=3, label=key)
+        for label, pts in panel_lines(history, keys):
+            ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", markersize=3, label=label)
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

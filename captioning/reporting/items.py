@@ -3,9 +3,8 @@ row (`ReportItem`, what the page renderer draws)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -50,11 +49,3 @@ class ReportItem:
                 raise ValueError(f"image {self.image_id}: alphas contain non-finite values")
             self.alphas = a
 
-
-def format_value(value: Any, spec: str = ".4f") -> str:
-    """A table cell: floats with `spec` (whole numbers from 1000 up), "" for None and NaN, anything else as str."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ""
-        return format(value, spec) if abs(value) < 1000 else f"{value:.0f}"
-    return "" if value is None else str(value)

@@ -8,13 +8,13 @@ attention data (a JSON block). Text is HTML-escaped here; nothing is fetched fro
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Mapping, Sequence
 from string import Template
 from typing import Any
 
-from captioning.reporting.items import ReportItem, format_value
+from captioning.reporting.items import ReportItem
+from captioning.reporting.numbers import format_metric
 
 THUMB_SIDE = 224  # longer side of the embedded thumbnails, in pixels
 
@@ -68,6 +68,8 @@ HEATMAP_JS = """
 # The page: CSS, the table, the attention data (JSON) and the script that draws maps and sorts rows. A word's map is
 # drawn as a black veil of opacity STRENGTH * (1 - m) over the image, which is visualize.overlay_attention's blend
 # (pixel * (1 - strength + strength * m)); the browser's bilinear upscaling of the h x w veil does the smoothing.
+# Nothing is wider than the window: the curves image (420 px a panel, 1260 px for three) shrinks to the page's
+# width, and long overall values (a results path) wrap.
 PAGE_TEMPLATE = Template("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy"
@@ -75,7 +77,9 @@ PAGE_TEMPLATE = Template("""<!DOCTYPE html>
 <link rel="icon" href="data:,"><title>$title</title>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+#curves img { max-width: 100%; height: auto; }
 table.overall th { text-align: left; padding-right: 1em; font-weight: 600; }
+table.overall td { overflow-wrap: anywhere; }
 #images { border-collapse: collapse; margin-top: 1em; }
 #images th, #images td { border-bottom: 1px solid #ddd; padding: 6px 8px; vertical-align: top; }
 #images th.sortable { cursor: pointer; user-select: none; white-space: nowrap; }
@@ -172,8 +176,7 @@ $heatmap_js
 def _overall_table(metrics: Mapping[str, Any]) -> str:
     rows = []
     for k, v in metrics.items():
-        text = format_value(v) if isinstance(v, (int, float, str)) or v is None else json.dumps(v)
-        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(text)}</td></tr>")
+        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(format_metric(str(k), v))}</td></tr>")
     return '<table class="overall">' + "".join(rows) + "</table>"
 
 
@@ -190,7 +193,7 @@ def _row(n: int, item: ReportItem, columns: Sequence[str]) -> str:
         view += '<canvas class="heat" data-word=""></canvas>'
     refs = "".join(f"<li>{html.escape(r)}</li>" for r in item.references)
     cells = "".join(f'<td class="num" data-value="{_sort_key(item.scores.get(c))}">'
-                    f'{format_value(item.scores.get(c))}</td>'
+                    f'{html.escape(format_metric(c, item.scores.get(c)))}</td>'
                     for c in columns)
     return (f'<tr class="entry" data-entry="{n}" data-image-id="{item.image_id}">'
             f'<td class="num" data-value="{n + 1}">{n + 1}</td>'

@@ -1,7 +1,8 @@
 """The runs of a Hydra sweep as one table and a plot (what `captioning-report MULTIRUN_DIR` shows).
 
 The table has one column per swept override (one that varies; those every run shares are listed under it)
-and one per metric (Markdown and CSV); the plot shows a chosen metric against each swept parameter.
+and one per metric (Markdown and CSV, the same cells: scores with 4 decimals, seconds with 1, counts
+as integers); the plot shows a chosen metric against each swept parameter.
 Runs without metrics.json (failed, still running, killed) are listed, never fatal.
 """
 
@@ -23,7 +24,7 @@ from matplotlib.figure import Figure
 
 from captioning.base.files import atomic_file
 from captioning.cli import one_line
-from captioning.reporting.items import format_value
+from captioning.reporting.numbers import format_metric
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +96,14 @@ def collect_runs(sweep_dir: str | Path) -> list[Run]:
 
 def table_rows(runs: Sequence[Run], metrics: Sequence[str],
                all_overrides: bool = False) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: one column per swept override (or per override), then one per metric, then the folder."""
+    """Header and rows: one column per swept override (or per override), then one per metric, then the folder.
+
+    Metrics are written by format_metric (as the report page writes them): every score with the same places."""
     keys = sorted({k for r in runs for k in r.overrides}) if all_overrides else swept_params(runs)
     header = [*keys, *metrics, "run"]
     def cell(r: Run, i: int, m: str) -> str:  # an unfinished run says so once, in its first metric column
         if r.finished:
-            return format_value(r.metrics.get(m), ".4g")
+            return format_metric(m, r.metrics.get(m))
         return "failed/unfinished" if i == 0 else ""
 
     rows = [[r.overrides.get(k, "") for k in keys] + [cell(r, i, m) for i, m in enumerate(metrics)] + [str(r.path)]
@@ -123,7 +126,7 @@ def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def to_csv(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """The same table as CSV."""
+    """The same table as CSV: the same cells as the Markdown table, numbers rounded alike."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(header)

@@ -3,6 +3,11 @@
 Scores each caption against its references (coco-caption's metrics) and writes one self-contained page; with
 `--attention` (an attention.npz of captioning-evaluate) hovering a word shows its map, and `--checkpoint` crops
 each image to the encoder's view, which the maps cover.
+
+With `--attention` the overall metrics also have attention correctness, as captioning-evaluate scores it: on the
+word boxes of a Karpathy annotation file that has them (the `shapes` data set's dataset_shapes.json, where
+`eval.instances` is null), or, with `--instances` (the COCO instances file `eval.instances` takes) and
+`--checkpoint` (whose encoder's resize and crop say which part of each image a map covers), on instance masks.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from captioning.cli import ArgumentParser, run_cli, writable_file
-from captioning.data.references import load_annotations, load_results
-from captioning.metrics import score_captions
+from captioning.data.jsonio import load_json
+from captioning.data.karpathy import read_karpathy
+from captioning.data.references import annotation_format, load_annotations, load_results
+from captioning.metrics import attention_correctness, score_captions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.html import ATTENTION_NAME, REPORT_NAME, load_attention, load_view_uri, write_report
 from captioning.reporting.items import ReportItem
@@ -29,42 +37,95 @@ PROG = "captioning-html"
 
 
 def items_from_results(results: Mapping[int, str], refs: Mapping[int, list[str]], scores: Mapping[int, dict],
-                       paths: Mapping[int, Path], attention: Mapping[int, np.ndarray] | None = None,
+                       paths: Mapping[int, Path], maps: Mapping[int, np.ndarray] | None = None,
                        mark_regions: bool = False,
                        view: Callable[[Image.Image], Image.Image] | None = None) -> list[ReportItem]:
-    """Report rows for a results file; an attention map set that does not match its caption's words is dropped."""
-    items, mismatched = [], []
-    for image_id, caption in results.items():
-        words = caption.split()
-        alphas = None if attention is None else attention.get(image_id)
-        if alphas is not None and alphas.shape[0] != len(words):
-            mismatched.append(image_id)
-            alphas = None
-        items.append(ReportItem(image_id, words, list(refs[image_id]), dict(scores.get(image_id, {})),
-                                load_view_uri(paths.get(image_id), view), alphas, mark_regions))
+    """Report rows for a results file; `maps` (matching_maps: one map per word) are the attention maps."""
+    maps = maps or {}
+    return [ReportItem(image_id, caption.split(), list(refs[image_id]), dict(scores.get(image_id, {})),
+                       load_view_uri(paths.get(image_id), view), maps.get(image_id), mark_regions)
+            for image_id, caption in results.items()]
+
+
+def matching_maps(results: Mapping[int, str], attention: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The attention maps of the results' captions, each with one map per word; the others are dropped, with a
+    warning (those captions are shown without attention and left out of attention correctness)."""
+    maps = {i: attention[i] for i in results if i in attention and attention[i].shape[0] == len(results[i].split())}
+    mismatched = [i for i in results if i in attention and i not in maps]
+    missing = [i for i in results if i not in attention and results[i].split()]
     if mismatched:
         logger.warning("%d captions do not match their attention maps' word count (e.g. image %d); shown without "
                        "attention", len(mismatched), mismatched[0])
-    return items
+    if missing:
+        logger.warning("%d captions have no attention maps in the attention file (e.g. image %d)", len(missing),
+                       missing[0])
+    return maps
+
+
+def karpathy_word_boxes(path: Path, split: str) -> dict[int, tuple[dict[str, list[list[float]]], tuple[int, int]]]:
+    """image id -> (word boxes, (height, width)) of the images of a Karpathy file's split that have both (the
+    `shapes` data set); {} for a COCO caption file."""
+    if annotation_format(load_json(path), path) != "karpathy":
+        return {}
+    return {r.image_id: (r.word_boxes, r.size) for r in read_karpathy(path, split)
+            if r.word_boxes and r.size is not None}
+
+
+def attention_metrics(results: Mapping[int, str], maps: Mapping[int, np.ndarray], annotations: Path, split: str,
+                      instances: Path | None = None,
+                      geometry: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
+    """Attention correctness of the maps, with the functions captioning-evaluate uses: on the masks of an instances
+    file (coco_attention_correctness; `geometry`, a ViewGeometry, places each map's view in its image), else on the
+    word boxes of the annotation file when every result's image has them (attention_correctness); {} otherwise."""
+    ids = [i for i in results if i in maps]
+    words, alphas = [results[i].split() for i in ids], [maps[i] for i in ids]
+    if instances is not None:
+        from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, full_image
+
+        masks = CocoInstances(instances)
+        masks.check_image_ids(list(results))
+        return coco_attention_correctness(words, alphas, ids, masks, geometry or full_image)
+    boxes = karpathy_word_boxes(annotations, split)
+    if not all(i in boxes for i in results):
+        logger.info("no attention correctness: the annotation file has no word boxes for every image (give a COCO "
+                    "instances file with --instances)")
+        return {}
+    return attention_correctness(words, alphas, [boxes[i][0] for i in ids], [boxes[i][1] for i in ids])
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse, before any work, options that cannot be served."""
+    if args.instances is not None and args.attention is None:
+        raise ValueError("--instances needs --attention: attention correctness scores the maps of an attention.npz")
+    if args.instances is not None and args.checkpoint is None:
+        raise ValueError("--instances needs --checkpoint: its encoder's resize and crop say which part of each image "
+                         "the attention maps cover")
+    if args.image_root is not None and not args.image_root.is_dir():
+        raise FileNotFoundError(f"--image-root is not a folder: {args.image_root}")
 
 
 def build_report(args: argparse.Namespace) -> Path:
     """What `captioning-html` does with its parsed arguments; returns the report's path."""
     out = args.out or args.results.parent / REPORT_NAME
     writable_file(out)  # a read-only output fails before the scoring; nothing else is written
-    if args.image_root is not None and not args.image_root.is_dir():
-        raise FileNotFoundError(f"--image-root is not a folder: {args.image_root}")
-    view = None
+    check_options(args)
+    view, geometry = None, None
     if args.checkpoint is not None:  # first: a checkpoint that is refused is refused before any scoring
         from captioning.factory.checkpoints import load_model
+        from captioning.metrics.coco_attention import view_geometry
 
-        view = load_model(args.checkpoint)[0].encoder.view
+        encoder = load_model(args.checkpoint)[0].encoder
+        view = encoder.view
+        geometry = view_geometry(encoder.transform()) if args.instances is not None else None
     refs, paths = load_annotations(args.annotations, args.split, args.image_root)
     results = load_results(args.results, refs)
-    scores = score_captions(results, refs, [m for m in args.metrics.split(",") if m], args.tokenizer)
     attention, mark = load_attention(args.attention) if args.attention else (None, False)
-    items = items_from_results(results, refs, scores.per_image, paths, attention, mark, view)
-    metrics = {"results": str(args.results), **scores.overall, "num_images": len(results),
+    maps = matching_maps(results, attention) if attention is not None else None
+    correctness = {} if maps is None else attention_metrics(  # before the scoring: a bad instances file fails first
+        results, maps, args.annotations, args.split, args.instances, geometry)
+    scores = score_captions(results, refs, [m for m in args.metrics.split(",") if m], args.tokenizer)
+    items = items_from_results(results, refs, scores.per_image, paths, maps, mark, view)
+    metrics = {"results": str(args.results), **scores.overall, **correctness, "num_images": len(results),
                "tokenizer": scores.tokenizer}
     title = args.title or f"Captioning report: {args.results.name}"
     with tempfile.TemporaryDirectory() as tmp:  # the curves are embedded in the page, not left beside it
@@ -77,13 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description="Self-contained HTML report of a results file: captions, "
                             "references, per-image scores and attention maps.",
                             epilog="example: captioning-html --results outputs/<run>/results.json --annotations "
-                            "data/shapes/dataset_shapes.json --attention outputs/<run>/attention.npz --out report.html")
+                            "data/shapes/dataset_shapes.json --attention outputs/<run>/attention.npz --out report.html "
+                            "(COCO: add --instances data/coco/annotations/instances_val2014.json --checkpoint "
+                            "outputs/<run>/checkpoints/best.pt for attention correctness)")
     parser.add_argument("--results", required=True, type=Path, help='results file: [{"image_id": .., "caption": ..}]')
     parser.add_argument("--annotations", required=True, type=Path,
                         help="references: a COCO caption file or a Karpathy split file (dataset_*.json)")
     parser.add_argument("--split", default="test", help="split of a Karpathy file (default: test)")
     parser.add_argument("--image-root", type=Path, help="folder of the images (COCO: images[].file_name under it)")
-    parser.add_argument("--attention", type=Path, help=f"{ATTENTION_NAME} written by captioning-evaluate")
+    parser.add_argument("--attention", type=Path, help=f"{ATTENTION_NAME} written by captioning-evaluate (with word "
+                        "boxes in --annotations, as shapes has, the page also gets attention correctness)")
+    parser.add_argument("--instances", type=Path, help="COCO instances file (what eval.instances takes): attention "
+                        "correctness on its masks; needs --attention and --checkpoint")
     parser.add_argument("--checkpoint", type=Path, help="the model's checkpoint, to crop images to the encoder's view")
     parser.add_argument("--history", type=Path, help="history.json of the training run: its curves go in the page")
     parser.add_argument("--metrics", default="bleu,meteor,rouge,cider", help="comma-separated coco-caption metrics")

@@ -1,7 +1,8 @@
 """Collect the runs of a Hydra sweep into one table and a plot: `captioning-report MULTIRUN_DIR`.
 
 The table has one column per swept override (one that varies; those every run shares are listed under it)
-and one per metric (Markdown and CSV); the plot shows a chosen metric against each swept parameter.
+and one per metric (Markdown and CSV, the same cells: scores with 4 decimals, seconds with 1, counts
+as integers); the plot shows a chosen metric against each swept parameter.
 Runs without metrics.json (failed, still running, killed) are listed, never fatal.
 
 example: captioning-report multirun/2026-01-01/12-00-00 --out sweep/report.md --plot-metric CIDEr

@@ -139,7 +139,7 @@ class Trainer:
         self.write_history()  # the finished epochs, whatever an interrupted run left in history.json
         self.bad.saved = (f"batch {self.position['batch']} of epoch {self.epoch + 1}" if self.position
                           else f"the end of epoch {self.epoch}")
-        best = f"best {self.tc.monitor} {self.best:.4f}" if math.isfinite(self.best) else "no epoch scored yet"
+        best = f"best {self.tc.monitor} {self.best:.4f}" if math.isfinite(self.best) else "no epoch scored"
         logger.info("resumed from %s at %s (%s)", path, self.bad.saved, best)
 
     def init_weights(self, path: Path) -> None:

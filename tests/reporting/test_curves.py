@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from test_html_report import _items
 
-from captioning.reporting.curves import curves_figure, load_history, plot_history
+from captioning.reporting.curves import SAME_LOSS_LABEL, curves_figure, load_history, panel_lines, plot_history
 from captioning.reporting.html import render_report, write_report
 from captioning.runtime import CONF_DIR
 from captioning.train import train
@@ -28,6 +28,10 @@ def _lines(ax) -> dict[str, tuple[list[float], list[float]]]:
     return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
 
 
+def _legend(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
 def test_curves_plot_every_epoch_of_loss_cider_and_bleu():
     fig = curves_figure(HISTORY)
     axes = fig.get_axes()
@@ -37,6 +41,22 @@ def test_curves_plot_every_epoch_of_loss_cider_and_bleu():
     assert _lines(axes[0]) == {"loss": (epochs, [4.0, 2.0, 4 / 3, 1.0]), "nll": (epochs, [3.5, 1.75, 3.5 / 3, 0.875])}
     assert _lines(axes[1]) == {"val_CIDEr": (epochs, pytest.approx([0.2, 0.4, 0.6, 0.8]))}
     assert _lines(axes[2]) == {"val_Bleu_4": (epochs, pytest.approx([0.05, 0.1, 0.15, 0.2]))}
+
+
+def test_loss_and_nll_that_are_the_same_series_are_one_line():
+    """Cross-entropy with no extra terms: loss == nll every epoch; one line says so instead of two drawn on top of
+    each other (the legend has that one entry); values equal to float noise count as the same."""
+    history = [{"epoch": e, "loss": 3.0 / e, "nll": 3.0 / e + 1e-12, "val_CIDEr": 0.1 * e} for e in (1, 2, 3)]
+    loss_ax = curves_figure(history).get_axes()[0]
+    assert _lines(loss_ax) == {SAME_LOSS_LABEL: ([1, 2, 3], [3.0, 1.5, 1.0])}
+    assert _legend(loss_ax) == ["loss (= nll: no extra loss terms)"]
+    # different series (an attention or entropy term): both lines, both in the legend
+    assert _legend(curves_figure(HISTORY).get_axes()[0]) == ["loss", "nll"]
+    # the same values at different epochs, or a single differing epoch, are two series
+    assert [label for label, _ in panel_lines([{"epoch": 1, "loss": 1.0}, {"epoch": 2, "nll": 1.0}],
+                                              ["loss", "nll"])] == ["loss", "nll"]
+    history[1]["loss"] = 1.6
+    assert [label for label, _ in panel_lines(history, ["loss", "nll"])] == ["loss", "nll"]
 
 
 def test_curves_skip_what_the_history_lacks():
@@ -86,6 +106,9 @@ def test_training_run_writes_curves_and_report(shapes_json, tmp_path):
             "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "trainer.max_epochs=2"])
     train(cfg, tmp_path)
     history = json.loads((tmp_path / "history.json").read_text())
+    # the run's curves.png is drawn from this figure: cross-entropy with the default attention_weight 0 has loss == nll
+    assert all(h["loss"] == pytest.approx(h["nll"]) for h in history)
+    assert _legend(curves_figure(history).get_axes()[0]) == [SAME_LOSS_LABEL]
     lines = _lines(curves_figure(history).get_axes()[1])
     assert lines["val_CIDEr"][0] == [1, 2] and all(math.isfinite(v) for v in lines["val_CIDEr"][1])
     assert (tmp_path / "curves.png").is_file()

@@ -1,5 +1,7 @@
 """captioning-report: a sweep folder becomes one table; failed runs are listed, not fatal."""
 
+import csv
+import io
 import json
 
 import pytest
@@ -26,13 +28,32 @@ def test_table_has_overrides_and_metrics(tmp_path, capsys):
     assert [r.finished for r in runs] == [True, True, False]
     header, rows = table_rows(runs, ["Bleu_4", "CIDEr"])
     assert header == ["attention", "Bleu_4", "CIDEr", "run"]
-    assert rows[0][:3] == ["soft", "0.5123", "1.5"] and rows[1][:3] == ["hard", "0.47", "1.2"]
+    assert rows[0][:3] == ["soft", "0.5123", "1.5000"] and rows[1][:3] == ["hard", "0.4700", "1.2000"]
     assert rows[2][:2] == ["dot", "failed/unfinished"]
     assert to_markdown(header, rows).count("\n") == 5
     main([str(tmp_path), "--metrics", "Bleu_4,CIDEr", "--out", str(tmp_path / "table.md")])
     out = capsys.readouterr().out
-    assert "| soft | 0.5123 | 1.5 |" in out and "1 of 3 runs have no metrics.json" in out
+    assert "| soft | 0.5123 | 1.5000 |" in out and "1 of 3 runs have no metrics.json" in out
     assert (tmp_path / "table.csv").read_text().splitlines()[0] == "attention,Bleu_4,CIDEr,run"
+
+
+def test_every_score_column_has_the_same_places_in_markdown_and_csv(tmp_path, capsys):
+    """Scores with 4 decimals whatever their size (no 3 here and 4 there), seconds with 1, counts as integers; the
+    CSV holds the very cells of the Markdown table."""
+    metrics = {"Bleu_4": 0.123456, "CIDEr": 1.23456, "METEOR": 0.2, "attention_correctness": 0.61237,
+               "val_CIDEr": 12.5, "train_seconds": 600.3, "num_images": 250, "epochs": 23}
+    _run(tmp_path / "sweep", 0, ["optim.lr=0.001"], metrics)
+    _run(tmp_path / "sweep", 1, ["optim.lr=0.01"], {**metrics, "CIDEr": 0.98765, "train_seconds": 1234.56})
+    names = list(metrics)
+    main([str(tmp_path / "sweep"), "--metrics", ",".join(names), "--out", str(tmp_path / "t.md")])
+    cells = [["0.1235", "1.2346", "0.2000", "0.6124", "12.5000", "600.3", "250", "23"],
+             ["0.1235", "0.9877", "0.2000", "0.6124", "12.5000", "1234.6", "250", "23"]]
+    markdown = (tmp_path / "t.md").read_text().splitlines()
+    assert markdown[0] == "| optim.lr | " + " | ".join(names) + " | run |"
+    assert [line.split(" | ")[1:-1] for line in markdown[2:]] == cells
+    csv_rows = list(csv.reader(io.StringIO((tmp_path / "t.csv").read_text())))
+    assert csv_rows[0] == ["optim.lr", *names, "run"] and [row[1:-1] for row in csv_rows[1:]] == cells
+    assert "| 0.001 | 0.1235 | 1.2346 | 0.2000 | 0.6124 | 12.5000 | 600.3 | 250 | 23 |" in capsys.readouterr().out
 
 
 def test_errors(tmp_path):

@@ -205,6 +205,26 @@ def test_score_and_html_exit_status(trained, shapes_json, tmp_path):
     assert proc.stdout.strip() == str(tmp_path / "report.html") and (tmp_path / "report.html").is_file()
     proc = run("captioning-html", "--results", results, "--annotations", tmp_path / "latin1.json", cwd=tmp_path)
     assert_one_line_error(proc, "captioning-html", "latin1.json is not UTF-8")
+    # with the run's attention.npz: attention correctness on the shapes word boxes, as the run's own page shows it
+    # (attention.npz keeps float16 maps: the same number to 1e-3)
+    proc = run("captioning-html", "--results", results, "--annotations", shapes_json, "--metrics", "bleu",
+               "--tokenizer", "python", "--attention", trained / "eval" / "attention.npz", "--out",
+               tmp_path / "att.html", cwd=tmp_path)
+    assert_ok(proc)
+    evaluated = json.loads((trained / "eval" / "metrics.json").read_text())
+    expected = evaluated["attention_correctness"]  # null (NaN) when no caption names an object: an empty cell
+    for page in (tmp_path / "att.html", trained / "eval" / "report.html"):
+        text = page.read_text()
+        shown = {k: text.split(f"<tr><th>{k}</th><td>", 1)[1].split("</td>", 1)[0]
+                 for k in ("attention_correctness", "attention_words")}
+        assert shown["attention_words"] == str(evaluated["attention_words"])
+        if expected is None:
+            assert shown["attention_correctness"] == ""
+        else:
+            assert float(shown["attention_correctness"]) == pytest.approx(expected, abs=1e-3)
+    proc = run("captioning-html", "--results", results, "--annotations", shapes_json, "--instances",
+               tmp_path / "captions.json", cwd=tmp_path)
+    assert_one_line_error(proc, "captioning-html", "--instances needs --attention")
 
 
 @pytest.mark.integration
@@ -213,10 +233,20 @@ def test_report_exit_status(tmp_path):
         run_dir = tmp_path / "sweep" / str(k)
         (run_dir / ".hydra").mkdir(parents=True)
         (run_dir / ".hydra" / "overrides.yaml").write_text(f"- optim.lr={lr}\n")
-        (run_dir / "metrics.json").write_text(json.dumps({"CIDEr": 0.1 * (k + 1)}))
+        (run_dir / "metrics.json").write_text(json.dumps({"CIDEr": 0.1 * (k + 1), "Bleu_4": 0.123456 * (k + 1),
+                                                          "train_seconds": 600.3 + k, "num_images": 250}))
     proc = run("captioning-report", tmp_path / "sweep", "--out", tmp_path / "t" / "table.md", cwd=tmp_path)
     assert_ok(proc)
     assert "optim.lr" in proc.stdout and (tmp_path / "t" / "table.png").is_file()
+    # every score with 4 decimals, seconds with 1, in the printed table, the Markdown file and the CSV alike
+    proc = run("captioning-report", tmp_path / "sweep", "--metrics", "CIDEr,Bleu_4,train_seconds,num_images", "--out",
+               tmp_path / "t" / "table.md", cwd=tmp_path)
+    assert_ok(proc)
+    rows = [["0.001", "0.1000", "0.1235", "600.3", "250"], ["0.01", "0.2000", "0.2469", "601.3", "250"]]
+    for row in rows:
+        assert "| " + " | ".join(row) + " |" in proc.stdout
+        assert "| " + " | ".join(row) + " |" in (tmp_path / "t" / "table.md").read_text()
+        assert ",".join(row) + "," in (tmp_path / "t" / "table.csv").read_text()
     proc = run("captioning-report", tmp_path / "nowhere", "--out", tmp_path / "sweep" / "0" / "metrics.json" / "t.md",
                cwd=tmp_path)  # the read-only output is found first, before the (missing) runs are read
     assert_one_line_error(proc, "captioning-report", "cannot write to the folder", "metrics.json")

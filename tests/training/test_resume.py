@@ -291,8 +291,8 @@ def test_a_signal_saves_the_run_and_resume_is_bit_identical(data_root, reference
     with caplog.at_level(logging.INFO, logger="captioning.training.trainer"):
         resume_and_compare(tmp_path, overrides, ref)
     (resumed,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
-    # before any validation there is no best score to report (it was "best CIDEr -inf")
-    assert resumed.endswith("(no epoch scored yet)" if at <= STEPS_PER_EPOCH else f"(best CIDEr {last['best']:.4f})")
+    # before any validation there is no best score to report (it said "best CIDEr -inf")
+    assert resumed.endswith("(no epoch scored)" if at <= STEPS_PER_EPOCH else f"(best CIDEr {last['best']:.4f})")
 
 
 # -- self-critical training (objective=scst) ---------------------------------------------------------------------
