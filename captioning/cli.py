@@ -120,9 +120,10 @@ def writable_file(path: str | os.PathLike) -> Path:
     return path
 
 
-# The folders above an output folder that its default layout creates: outputs/<date>/<time> (captioning-train) and
-# <run>/eval/<split>-beam<K>-<name> (captioning-evaluate).
-LAYOUT_PARENTS = re.compile(r"\d{4}-\d{2}-\d{2}|outputs|eval")
+# The folders above an output folder that its default layout creates: outputs/<date>/<time> (captioning-train),
+# <run>/eval/<split>-beam<K>-<name> (captioning-evaluate), outputs/features/<date>/<time> (its log, for
+# captioning-extract-features).
+LAYOUT_PARENTS = re.compile(r"\d{4}-\d{2}-\d{2}|outputs|eval|features")
 
 
 def remove_unused_folder(out_dir: Path, kept: tuple[str, ...] = (".hydra",)) -> None:

@@ -98,7 +98,7 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
             o.is_sweep_override() for o in overrides):
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             try:
-                full = compose(config_name, overrides=[o.input_line for o in overrides
+                full = compose(config_name, overrides=[str(o.input_line) for o in overrides
                                                        if not o.key_or_group.lstrip("+~").startswith("hydra")])
             except (HydraException, OmegaConfBaseException):
                 return  # Hydra reports it when it composes the same overrides

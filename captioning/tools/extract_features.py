@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.cli import run_cli, writable_dir
+from captioning.cli import remove_unused_folder, run_cli, writable_dir
 from captioning.config.overrides import check_overrides
 from captioning.data.features import FeatureCache, check_frozen, extract_features
 from captioning.factory.datasets import load_records
@@ -32,10 +33,11 @@ def extract(cfg: DictConfig) -> FeatureCache:
     if not cfg.dataset.get("features"):
         raise ValueError("set dataset.features=PATH: the folder the feature cache is written to")
     writable_dir(cfg.dataset.features)  # a read-only cache folder fails before the encoder is built
+    device = resolve_device(cfg.device)  # and so does a device this machine lacks
     set_seed(cfg.seed)  # a randomly initialised encoder then gets the same weights as in captioning-train
     encoder = build_encoder(cfg.encoder)  # first: missing pretrained weights are reported before any data is read
     check_frozen(encoder)
-    encoder.to(resolve_device(cfg.device))
+    encoder.to(device)
     records = load_records(cfg.dataset, list(cfg.splits))
     return extract_features([r for rs in records.values() for r in rs], encoder,
                             cast(dict[str, Any], OmegaConf.to_container(cfg.encoder, resolve=True)),
@@ -46,8 +48,14 @@ def extract(cfg: DictConfig) -> FeatureCache:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="extract_features")
 def hydra_main(cfg: DictConfig) -> None:
-    """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2."""
-    cache = run_cli(lambda: extract(cfg), PROG)
+    """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2, and leaves no empty
+    log folder."""
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        cache = run_cli(lambda: extract(cfg), PROG)
+    except SystemExit:
+        remove_unused_folder(out_dir)
+        raise
     logger.info("wrote %d images' features to %s", len(cache), cache.root)
 
 
