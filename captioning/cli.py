@@ -12,13 +12,14 @@ whole process exiting.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -42,6 +43,12 @@ def fail(prog: str, message: BaseException | str, status: int = EXIT_ERROR) -> N
     sys.exit(status)
 
 
+def stopped(prog: str, message: str = "stopped by Ctrl-C") -> NoReturn:
+    """A deliberate stop (Ctrl-C), not an error: `prog: message` on one stderr line, exit status 130."""
+    print(f"{prog}: {one_line(message)}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
 def _in_hydra_multirun() -> bool:
     if "hydra" not in sys.modules:
         return False
@@ -63,8 +70,7 @@ def run_cli(fn: Callable[[], T], prog: str | None = None,
     except KeyboardInterrupt:
         if _in_hydra_multirun():
             raise
-        print(f"{prog}: stopped by Ctrl-C", file=sys.stderr, flush=True)  # a deliberate stop, not an error
-        sys.exit(EXIT_INTERRUPTED)
+        stopped(prog)
     except expected as err:
         if _in_hydra_multirun():
             logger.error("%s: error: %s", prog, one_line(err))
@@ -124,6 +130,17 @@ def writable_file(path: str | os.PathLike) -> Path:
 # <run>/eval/<split>-beam<K>-<name> (captioning-evaluate), outputs/features/<date>/<time> (its log, for
 # captioning-extract-features).
 LAYOUT_PARENTS = re.compile(r"\d{4}-\d{2}-\d{2}|outputs|eval|features")
+
+
+@contextlib.contextmanager
+def no_unused_folder(out_dir: Path, kept: tuple[str, ...] = (".hydra",)) -> Iterator[None]:
+    """Around a Hydra app's work: when it exits the process (a one-line error of run_cli), its output folder is
+    removed if it holds nothing the work wrote (remove_unused_folder)."""
+    try:
+        yield
+    except SystemExit:
+        remove_unused_folder(out_dir, kept)
+        raise
 
 
 def remove_unused_folder(out_dir: Path, kept: tuple[str, ...] = (".hydra",)) -> None:

@@ -11,7 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.cli import fail, remove_unused_folder, run_cli
+from captioning.cli import fail, no_unused_folder, run_cli
 from captioning.config import validate_evaluate_config
 from captioning.config.overrides import check_overrides
 from captioning.data.features import open_features
@@ -59,11 +59,8 @@ def hydra_main(cfg: DictConfig) -> None:
     """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2, and leaves no empty
     output folder."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    with no_unused_folder(out_dir):
         metrics = run_cli(lambda: evaluate(cfg, out_dir), PROG)
-    except SystemExit:
-        remove_unused_folder(out_dir)
-        raise
     print(json.dumps(metrics, indent=2))
 
 

@@ -21,7 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 from captioning.base.files import write_text_atomic
 from captioning.base.moved import moved_override
 from captioning.checkpoint import read_checkpoint, same_model
-from captioning.cli import EXIT_INTERRUPTED, EXPECTED_ERRORS, remove_unused_folder, run_cli
+from captioning.cli import EXPECTED_ERRORS, no_unused_folder, run_cli, stopped
 from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
 from captioning.factory.models import model_config
@@ -98,14 +98,10 @@ def hydra_main(cfg: DictConfig) -> float:
             raise
 
     try:
-        metrics = run_cli(run, PROG, (*EXPECTED_ERRORS, RunFolderError, TrainingDiverged))
-    except TrainingInterrupted as stop:
-        # a deliberate stop, not an error: `captioning-train: stopped by Ctrl-C (SIGINT) in epoch ...`
-        print(f"{PROG}: {stop}; continue it with: {continue_command(out_dir)}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except SystemExit:
-        remove_unused_folder(out_dir, HYDRA_FILES)
-        raise
+        with no_unused_folder(out_dir, HYDRA_FILES):
+            metrics = run_cli(run, PROG, (*EXPECTED_ERRORS, RunFolderError, TrainingDiverged))
+    except TrainingInterrupted as stop:  # `captioning-train: stopped by Ctrl-C (SIGINT) in epoch ...`
+        stopped(PROG, f"{stop}; continue it with: {continue_command(out_dir)}")
     return float(metrics[f"val_{cfg.trainer.monitor}"])
 
 

@@ -12,11 +12,13 @@ once. An empty caption is allowed and scores 0 on every metric (as coco-caption 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from captioning.data.jsonio import is_id, load_json
 from captioning.data.karpathy import read_karpathy
+from captioning.data.records import ImageRecord
 
 FORMATS = ("coco", "karpathy")
 
@@ -43,9 +45,25 @@ def annotation_format(data: Any, path: Path) -> str:
                      "split file (an 'images' list with 'sentences')")
 
 
+@dataclass
+class Annotations:
+    """An annotation file's references and image paths by image id, and for a Karpathy file the split's records
+    (their word boxes and image sizes; None for a COCO caption file)."""
+
+    references: dict[int, list[str]]
+    paths: dict[int, Path]
+    records: list[ImageRecord] | None = None
+
+
 def load_annotations(path: str | Path, split: str = "test",
                      image_root: str | Path | None = None) -> tuple[dict[int, list[str]], dict[int, Path]]:
-    """References and image paths by image id, from a COCO caption file or a Karpathy split file (its `split`).
+    """References and image paths by image id, from a COCO caption file or a Karpathy split file (its `split`)."""
+    found = read_annotations(path, split, image_root)
+    return found.references, found.paths
+
+
+def read_annotations(path: str | Path, split: str = "test", image_root: str | Path | None = None) -> Annotations:
+    """A COCO caption file or a Karpathy split file (its `split`), read once.
 
     COCO files give image paths only with an image_root (image_root / images[].file_name); Karpathy files
     resolve them as training does (image_root or the file's folder, then filepath / filename).
@@ -54,7 +72,8 @@ def load_annotations(path: str | Path, split: str = "test",
     data = load_json(path)
     if annotation_format(data, path) == "karpathy":
         records = read_karpathy(path, split, image_root)  # checks every entry, names the bad one
-        return {r.image_id: list(r.raw) for r in records}, {r.image_id: r.path for r in records}
+        return Annotations({r.image_id: list(r.raw) for r in records}, {r.image_id: r.path for r in records},
+                           records)
     refs: dict[int, list[str]] = defaultdict(list)
     for n, ann in enumerate(data["annotations"]):
         check_entry(ann, f"{path}: annotations[{n}]")
@@ -62,7 +81,7 @@ def load_annotations(path: str | Path, split: str = "test",
     images = data.get("images") if image_root is not None else None
     paths = {im["id"]: Path(image_root) / im["file_name"] for im in images or []  # type: ignore[arg-type]
              if isinstance(im, dict) and is_id(im.get("id")) and isinstance(im.get("file_name"), str)}
-    return dict(refs), paths
+    return Annotations(dict(refs), paths)
 
 
 def load_references(path: str | Path, split: str = "test") -> dict[int, list[str]]:

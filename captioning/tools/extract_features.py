@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.cli import remove_unused_folder, run_cli, writable_dir
+from captioning.cli import no_unused_folder, run_cli, writable_dir
 from captioning.config.overrides import check_overrides
 from captioning.data.features import FeatureCache, check_frozen, extract_features
 from captioning.factory.datasets import load_records
@@ -50,12 +50,8 @@ def extract(cfg: DictConfig) -> FeatureCache:
 def hydra_main(cfg: DictConfig) -> None:
     """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2, and leaves no empty
     log folder."""
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    with no_unused_folder(Path(HydraConfig.get().runtime.output_dir)):
         cache = run_cli(lambda: extract(cfg), PROG)
-    except SystemExit:
-        remove_unused_folder(out_dir)
-        raise
     logger.info("wrote %d images' features to %s", len(cache), cache.root)
 
 

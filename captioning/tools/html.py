@@ -24,9 +24,8 @@ import numpy as np
 from PIL import Image
 
 from captioning.cli import ArgumentParser, run_cli, writable_file
-from captioning.data.jsonio import load_json
-from captioning.data.karpathy import read_karpathy
-from captioning.data.references import annotation_format, load_annotations, load_results
+from captioning.data.records import ImageRecord
+from captioning.data.references import load_results, read_annotations
 from captioning.metrics import attention_correctness, score_captions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.html import ATTENTION_NAME, REPORT_NAME, load_attention, load_view_uri, write_report
@@ -62,21 +61,13 @@ def matching_maps(results: Mapping[int, str], attention: Mapping[int, np.ndarray
     return maps
 
 
-def karpathy_word_boxes(path: Path, split: str) -> dict[int, tuple[dict[str, list[list[float]]], tuple[int, int]]]:
-    """image id -> (word boxes, (height, width)) of the images of a Karpathy file's split that have both (the
-    `shapes` data set); {} for a COCO caption file."""
-    if annotation_format(load_json(path), path) != "karpathy":
-        return {}
-    return {r.image_id: (r.word_boxes, r.size) for r in read_karpathy(path, split)
-            if r.word_boxes and r.size is not None}
-
-
-def attention_metrics(results: Mapping[int, str], maps: Mapping[int, np.ndarray], annotations: Path, split: str,
-                      instances: Path | None = None,
+def attention_metrics(results: Mapping[int, str], maps: Mapping[int, np.ndarray],
+                      records: Sequence[ImageRecord] | None, instances: Path | None = None,
                       geometry: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
     """Attention correctness of the maps, with the functions captioning-evaluate uses: on the masks of an instances
     file (coco_attention_correctness; `geometry`, a ViewGeometry, places each map's view in its image), else on the
-    word boxes of the annotation file when every result's image has them (attention_correctness); {} otherwise."""
+    word boxes of the annotation file's `records` (a Karpathy file's split; None for a COCO caption file) when every
+    result's image has them (attention_correctness); {} otherwise."""
     ids = [i for i in results if i in maps]
     words, alphas = [results[i].split() for i in ids], [maps[i] for i in ids]
     if instances is not None:
@@ -85,7 +76,7 @@ def attention_metrics(results: Mapping[int, str], maps: Mapping[int, np.ndarray]
         masks = CocoInstances(instances)
         masks.check_image_ids(list(results))
         return coco_attention_correctness(words, alphas, ids, masks, geometry or full_image)
-    boxes = karpathy_word_boxes(annotations, split)
+    boxes = {r.image_id: (r.word_boxes, r.size) for r in records or () if r.word_boxes and r.size is not None}
     if not all(i in boxes for i in results):
         logger.info("no attention correctness: the annotation file has no word boxes for every image (give a COCO "
                     "instances file with --instances)")
@@ -117,12 +108,13 @@ def build_report(args: argparse.Namespace) -> Path:
         encoder = load_model(args.checkpoint)[0].encoder
         view = encoder.view
         geometry = view_geometry(encoder.transform()) if args.instances is not None else None
-    refs, paths = load_annotations(args.annotations, args.split, args.image_root)
+    annotations = read_annotations(args.annotations, args.split, args.image_root)
+    refs, paths = annotations.references, annotations.paths
     results = load_results(args.results, refs)
     attention, mark = load_attention(args.attention) if args.attention else (None, False)
     maps = matching_maps(results, attention) if attention is not None else None
     correctness = {} if maps is None else attention_metrics(  # before the scoring: a bad instances file fails first
-        results, maps, args.annotations, args.split, args.instances, geometry)
+        results, maps, annotations.records, args.instances, geometry)
     scores = score_captions(results, refs, [m for m in args.metrics.split(",") if m], args.tokenizer)
     items = items_from_results(results, refs, scores.per_image, paths, maps, mark, view)
     metrics = {"results": str(args.results), **scores.overall, **correctness, "num_images": len(results),

@@ -16,6 +16,7 @@ from test_html_report import _decoded
 
 import captioning.tools.html as html_tool
 from captioning.checkpoint import save_checkpoint
+from captioning.data.references import read_annotations
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.outputs import write_outputs
 from captioning.evaluation.split import instance_correctness, score_predictions
@@ -55,7 +56,7 @@ def test_shapes_pages_show_the_attention_correctness_evaluation_reports(shapes_j
     (run / "results.json").write_text(json.dumps([{"image_id": p.image_id, "caption": p.caption} for p in preds]))
     results = {p.image_id: p.caption for p in preds}
     maps = load_attention(run / "attention.npz")[0]
-    assert attention_metrics(results, maps, shapes_json, "test") == {
+    assert attention_metrics(results, maps, read_annotations(shapes_json, "test").records) == {
         "attention_correctness": metrics["attention_correctness"], "attention_words": metrics["attention_words"]}
     assert main(["--results", str(run / "results.json"), "--annotations", str(shapes_json), "--metrics", "bleu",
                  "--tokenizer", "python", "--attention", str(run / "attention.npz"), "--out", str(tmp_path / "r.html")]) == 0
