@@ -99,8 +99,9 @@ def check_weights(expected: Mapping[str, torch.Tensor], stored: Any, vocab_size:
                   path: str | os.PathLike) -> None:
     """Refuse stored weights that are not a state_dict of tensors or whose keys, shapes or dtypes differ from the
     model's (`expected`: its state_dict, e.g. on the meta device), with one line naming the first difference; a
-    size that differs where the model has the vocabulary's size is named as the vocabulary's. Nothing is
-    allocated: a config asking for more than its weights hold is refused before a model is built."""
+    size that differs where the model has the vocabulary's size is named as the vocabulary's; a NaN or infinite
+    value is refused too. Nothing is allocated: a config asking for more than its weights hold is refused before a
+    model is built."""
     if not isinstance(stored, dict) or not all(isinstance(v, torch.Tensor) for v in stored.values()):
         raise ValueError(f"checkpoint {path}: its 'model' entry is not a state_dict of tensors")
     missing = [k for k in expected if k not in stored]
@@ -121,3 +122,8 @@ def check_weights(expected: Mapping[str, torch.Tensor], stored: Any, vocab_size:
                              f"{tuple(want.shape)} in the model and {tuple(have.shape)} in the file")
         if have.dtype != want.dtype:
             raise ValueError(f"checkpoint {path}: {key} is stored as {have.dtype}, the model has {want.dtype}")
+    for key, have in stored.items():  # NaN weights caption nothing: refused, not scored 0 in silence
+        if have.is_floating_point() and not bool(torch.isfinite(have).all()):
+            bad = int((~torch.isfinite(have)).sum())
+            raise ValueError(f"checkpoint {path}: its weights are not finite ({key}: {bad} of {have.numel()} values "
+                             "are NaN or infinite); it cannot caption: use a checkpoint of a run that did not diverge")

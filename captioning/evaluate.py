@@ -11,6 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from captioning.base.lock import LOCK_NAME, FolderLock
 from captioning.cli import fail, no_unused_folder, run_cli
 from captioning.config import validate_evaluate_config
 from captioning.config.overrides import check_overrides
@@ -44,12 +45,14 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
     features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])
-    # A dataset section taken from the checkpoint may name a prepared set; it is opened if there, never written.
-    _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
-                             features=features, write_prepared=cfg.get("dataset") is not None)
-    ev = EvalSettings.of(cfg.eval)
-    instances = load_instances(ev.instances, data[ev.split])  # a wrong file fails before the long decode
-    metrics = evaluate_split(model, data[ev.split], ev, out_dir, instances)
+    with FolderLock(out_dir, "evaluation"):  # one evaluation writes into a folder at a time
+        # A dataset section taken from the checkpoint writes nothing but a generated data set under data_dir.
+        within = None if cfg.get("dataset") is not None else Path(cfg.data_dir)
+        _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
+                                 features=features, checkpoint_data=within)
+        ev = EvalSettings.of(cfg.eval)
+        instances = load_instances(ev.instances, data[ev.split])  # a wrong file fails before the long decode
+        metrics = evaluate_split(model, data[ev.split], ev, out_dir, instances)
     assert metrics is not None  # one process decodes and scores the whole split
     return metrics
 
@@ -59,7 +62,7 @@ def hydra_main(cfg: DictConfig) -> None:
     """The Hydra app; a bad config or file is one `error:` line on stderr and exit status 2, and leaves no empty
     output folder."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    with no_unused_folder(out_dir):
+    with no_unused_folder(out_dir, (".hydra", LOCK_NAME)):
         metrics = run_cli(lambda: evaluate(cfg, out_dir), PROG)
     print(json.dumps(metrics, indent=2))
 

@@ -111,6 +111,8 @@ Count = Annotated[int, Range(ge=0)]  # how many (0 allowed)
 Weight = Annotated[float, Range(ge=0)]  # a loss weight
 Probability = Annotated[float, Range(ge=0, le=1)]
 DropoutRate = Annotated[float, Range(ge=0, lt=1)]
+MAX_IMAGE_SIDE = 2048  # pixels: an image size a config or a checkpoint may ask an encoder or generator for
+ImageSide = Annotated[int, Range(ge=1, le=MAX_IMAGE_SIDE)]
 
 # -- types ---------------------------------------------------------------------------------------------
 def split_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:

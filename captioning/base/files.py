@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 __all__ = ["WriteError", "write_error", "atomic_file", "write_bytes_atomic", "write_text_atomic", "append_bytes",
-           "TMP_SUFFIX"]
+           "open_no_follow", "open_append", "NoFollowFileHandler", "TMP_SUFFIX"]
 
 TMP_SUFFIX = ".tmp"  # run_folder.py removes stale `*.tmp` files of a killed run's checkpoint writes
 
@@ -144,11 +145,31 @@ def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8
     return write_bytes_atomic(path, text.encode(encoding))
 
 
-def append_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Append `data` to `path` (created if missing) and force it to the disk; a failed append is cut back off (the
-    file keeps its earlier content, no part of `data`) and raises the one-line WriteError naming `path`."""
+def open_no_follow(path: str | os.PathLike, flags: int) -> int:
+    """os.open(path, flags | O_CREAT) that never opens through a symlink: a symlink found at `path` is replaced by a
+    new, empty file (as atomic_file replaces one), its target left untouched."""
+    flags |= os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        return os.open(path, flags, 0o666)
+    except OSError:
+        if not os.path.islink(path):
+            raise
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a symlink planted where the file goes
+    return os.open(path, flags, 0o666)
+
+
+def open_append(path: str | os.PathLike) -> int:
+    """A file descriptor appending to `path` (created if missing; a symlink there is replaced: open_no_follow)."""
+    return open_no_follow(path, os.O_WRONLY | os.O_APPEND)
+
+
+def append_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Append `data` to `path` (created if missing; a symlink there is replaced, see open_append) and force it to the
+    disk; a failed append is cut back off (the file keeps its earlier content, no part of `data`) and raises the
+    one-line WriteError naming `path`."""
+    try:
+        fd = open_append(path)
     except OSError as err:
         raise write_error(path, err) from err
     try:
@@ -166,3 +187,11 @@ def append_bytes(path: str | os.PathLike, data: bytes) -> None:
             raise
     finally:
         os.close(fd)
+
+
+class NoFollowFileHandler(logging.FileHandler):
+    """logging's FileHandler whose file is opened by open_append: a symlink planted at a run's `<job>.log` is
+    replaced, never appended through (conf/*.yaml set it as Hydra's job log handler)."""
+
+    def _open(self):  # type: ignore[no-untyped-def]  # logging's own (untyped) hook
+        return open(open_append(self.baseFilename), "a", encoding=self.encoding, errors=self.errors)

@@ -10,7 +10,8 @@ Every file becomes an 8-bit RGB image the same way:
 - an animated GIF/PNG/WebP gives its first frame.
 
 Decompression bombs are refused per image: the width x height in the file's header is compared with `max_pixels`
-before anything is decoded. PIL's process-wide `Image.MAX_IMAGE_PIXELS` is never changed; its own guard (which
+before anything is decoded, and so is the aspect ratio with MAX_ASPECT (a thin strip becomes a bomb when resized).
+PIL's process-wide `Image.MAX_IMAGE_PIXELS` is never changed; its own guard (which
 refuses an image over twice that number when opening it) is caught here and reported like any unreadable image.
 Every failure is an `ImageError` naming the file, which data sets count as a skipped image with its reason.
 """
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 # 8192 x 8192: far beyond any captioning data set (COCO images are about 640 x 480), and below PIL's own warning
 # threshold, so PIL's global guard never decides before ours does.
 DEFAULT_MAX_PIXELS = 8192 * 8192
+# A resize of the shorter side to 256 (VGG/ResNet) turns a 1 x 60,000 image (60,000 pixels: no bomb) into 256 x
+# 15,360,000 (11 GB); at 32:1 the longer side stays within 8192. Panoramas are about 4:1 to 10:1.
+MAX_ASPECT = 32
 BACKGROUND = (255, 255, 255)  # what transparent pixels become
 
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
@@ -96,6 +100,9 @@ def load_image(path: str | os.PathLike, max_pixels: int = DEFAULT_MAX_PIXELS) ->
                                      "image is genuine)")
                 if width < 1 or height < 1:
                     raise ImageError(f"image has no pixels: {path} is {width} x {height}")
+                if max(width, height) > MAX_ASPECT * min(width, height):
+                    raise ImageError(f"image too elongated: {path} is {width} x {height}, over {MAX_ASPECT}:1 (an "
+                                     "encoder resizing its shorter side would make it billions of pixels)")
                 im.seek(0)  # animated GIF/PNG/WebP: the first frame
                 im.load()  # decode now, so a truncated file fails here and not later
                 return to_rgb(_upright(im, path))

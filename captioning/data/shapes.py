@@ -19,7 +19,7 @@ from typing import Annotated, Any, cast
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioning.base.constraints import Count, Range, Size, constrained
+from captioning.base.constraints import MAX_IMAGE_SIDE, Count, Range, constrained
 from captioning.base.files import TMP_SUFFIX, atomic_file
 from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.shapes_captions import (  # noqa: F401 (re-exported)
@@ -42,6 +42,8 @@ JSON_NAME = "dataset_shapes.json"
 META_NAME = "meta.json"
 
 _SIZE_FRACTION = {"small": 0.20, "large": 0.32}
+MAX_SPLIT = 200_000  # images in one split at most (COCO's largest split has 113,287)
+SplitSize = Annotated[int, Range(ge=1, le=MAX_SPLIT)]
 _MARGIN = 3  # free pixels kept around every object, so boxes never touch each other or the border
 _NOISE_STD = 7.0
 
@@ -144,15 +146,32 @@ def _image_entry(imgid: int, split: str, filename: str, image_size: int, objects
     }
 
 
+def _check_folder(root: Path, writable: bool) -> None:
+    """Refuse to write into `root` unless it is new, empty or a shapes data set folder (its meta.json says so)."""
+    if not writable:
+        raise ValueError(f"the shapes data set in {root} is missing or was made with other settings, and this "
+                         "command may not generate it there")
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        raise ValueError(f"{root} is not a folder; choose a new or empty folder for the shapes data set")
+    made_here = isinstance(found := _read_json(root / META_NAME), dict) and found.get("generator") == __name__
+    if root.is_dir() and not made_here and any(root.iterdir()):
+        raise ValueError(f"{root} holds other files and no meta.json of a shapes data set; refusing to write "
+                         "images there (choose a new or empty folder for the shapes data set)")
+
+
 @constrained
 def build_shapes(root: str | os.PathLike, *, seed: Count = 0,
-                 num_train: Size = 4000, num_val: Size = 250,
-                 num_test: Size = 250, image_size: Annotated[int, Range(ge=32)] = 64,
+                 num_train: SplitSize = 4000, num_val: SplitSize = 250,
+                 num_test: SplitSize = 250, image_size: Annotated[int, Range(ge=32, le=MAX_IMAGE_SIDE)] = 64,
                  captions_per_image: Annotated[int, Range(ge=1, le=20)] = 5,
-                 object_scale: Annotated[float, Range(ge=0.5, le=1.5)] = 1.25) -> Path:
+                 object_scale: Annotated[float, Range(ge=0.5, le=1.5)] = 1.25, writable: bool = True) -> Path:
     """Generate the shapes data set under `root` (idempotent) and return the path of its JSON file.
 
-    `object_scale` multiplies the object sizes (small: 0.20, large: 0.32 of the image side).
+    `object_scale` multiplies the object sizes (small: 0.20, large: 0.32 of the image side). Sizes are bounded
+    (a split at most MAX_SPLIT images, sides at most MAX_IMAGE_SIDE pixels), and images are only written into a
+    new or empty folder or one this function made (its meta.json says so): a data set section from someone else's
+    checkpoint cannot fill a disk or overwrite another folder's files. With `writable=False` (set by the caller,
+    never by a config: registry.BUILDER_ARGS) the data set must already be there, made with these settings.
     """
     root = Path(root)
     json_path = root / JSON_NAME
@@ -163,12 +182,15 @@ def build_shapes(root: str | os.PathLike, *, seed: Count = 0,
     if json_path.exists() and _read_json(root / META_NAME) == meta:
         logger.debug("shapes data set already present at %s", json_path)
         return json_path
+    _check_folder(root, writable)
 
     start = time.perf_counter()
     image_dir = root / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
-    # Drop the old JSON first so that an interrupted regeneration can never look complete.
+    # Drop the old JSON first so that an interrupted regeneration can never look complete; the meta.json of an
+    # unfinished generation marks the folder as this function's (so it may continue) but never matches `meta`.
     json_path.unlink(missing_ok=True)
+    write_json_atomic(root / META_NAME, {**meta, "complete": False})
     images: list[dict[str, Any]] = []
     for split_code, split in enumerate(SPLITS):
         for index in range(counts[split]):
@@ -198,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Command-line entry point: ``python -m captioning.data.shapes --root DIR``."""
     parser = argparse.ArgumentParser(description="Generate the synthetic 'shapes' captioning data set.")
     parser.add_argument("--root", required=True, help="output directory")
-    defaults = {k: p.default for k, p in inspect.signature(build_shapes).parameters.items() if k != "root"}
+    defaults = {k: p.default for k, p in inspect.signature(build_shapes).parameters.items()
+                if k not in ("root", "writable")}
     for name, default in defaults.items():  # build_shapes' own defaults (= conf/dataset/shapes.yaml's)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     args = parser.parse_args(argv)

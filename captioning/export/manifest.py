@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from captioning.base.constraints import MAX_IMAGE_SIDE
 from captioning.data.jsonio import load_json, write_json_atomic
 
 FORMAT = "captioning-export/v1"
@@ -137,8 +138,9 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
     size = _need(prep, "input_size", list, path)
     grid = _need(data, "grid", list, path)
     for name, pair in (("preprocess.input_size", size), ("grid", grid)):
-        if len(pair) != 2 or not all(isinstance(x, int) and x >= 1 for x in pair):
-            raise ValueError(f"{path}: field '{name}' must be two positive integers, got {pair}")
+        if len(pair) != 2 or not all(isinstance(x, int) and 1 <= x <= MAX_IMAGE_SIDE for x in pair):
+            raise ValueError(f"{path}: field '{name}' must be two integers from 1 to {MAX_IMAGE_SIDE}, "
+                             f"got {pair!r:.80}")
     _need(prep, "steps", list, path)
     graphs = _need(data, "graphs", dict, path)
     _check_graphs(graphs, count, backend, path)

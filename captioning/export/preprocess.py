@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from captioning.base.constraints import MAX_IMAGE_SIDE
 from captioning.data.images import to_rgb
 
 # torchvision's InterpolationMode values and the PIL filters it uses for them (pil_modes_mapping).
@@ -36,8 +37,9 @@ def _pair(value: Any, what: str) -> tuple[int, int]:
     """(h, w) from [h, w] (or [s] / s for a square); ValueError otherwise."""
     items = [value] if isinstance(value, int) else value
     if (not isinstance(items, list | tuple) or len(items) not in (1, 2)
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in items)):
-        raise ValueError(f"preprocessing step {what}: size must be a positive integer or [h, w], got {value!r}")
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_IMAGE_SIDE for x in items)):
+        raise ValueError(f"preprocessing step {what}: size must be an integer from 1 to {MAX_IMAGE_SIDE} or [h, w] "
+                         f"of them, got {value!r:.80}")
     return (items[0], items[-1])
 
 

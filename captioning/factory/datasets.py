@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -43,30 +44,51 @@ def _legacy_reader(cfg: Mapping[str, Any]) -> dict[str, Any]:
     raise ValueError(f"dataset.format must be one of {LEGACY_FORMATS}, got {fmt!r} (or set dataset.reader)")
 
 
-def _reader(cfg: Mapping[str, Any]) -> tuple[Callable[..., Any], dict[str, Any], dict[str, Any]]:
-    """Run the data set's `generate` step if it has one; the reader `dataset.reader` names, its arguments, its spec."""
+def _generate(spec: Any, within: Path | None) -> None:
+    """Run a `dataset.generate` step; with `within` (a checkpoint's data set) it may write only under that folder:
+    elsewhere the data set must already be there, made with the same settings."""
+    generator, kwargs = registry.resolve("generator", spec, "dataset.generate")
+    root = Path(str(kwargs.get("root")))
+    writable = within is None or root.resolve().is_relative_to(within.resolve())
+    try:
+        generator(**kwargs, writable=writable)
+    except ValueError as err:
+        if writable:
+            raise
+        raise ValueError(f"{err}: the checkpoint's dataset.generate.root {root} is outside data_dir {within}, the "
+                         "only folder where a checkpoint's data set is generated; pass dataset=NAME (your config's "
+                         "data set) or data_dir=FOLDER") from None
+
+
+def _reader(cfg: Mapping[str, Any],
+            within: Path | None = None) -> tuple[Callable[..., Any], dict[str, Any], dict[str, Any]]:
+    """Run the data set's `generate` step if it has one (under `within` only, if given: see _generate); the reader
+    `dataset.reader` names, its arguments, its spec."""
     if cfg.get("generate") is not None:
-        registry.build("generator", cfg["generate"], "dataset.generate")
+        _generate(cfg["generate"], within)
     spec = cfg["reader"] if cfg.get("reader") is not None else _legacy_reader(cfg)
     reader, kwargs = registry.resolve("reader", spec, "dataset.reader")
     return reader, kwargs, dict(spec)
 
 
-def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
-    """Run the data set's `generate` step if it has one, then read the splits with the reader `dataset.reader` names."""
-    reader, kwargs, _ = _reader(_plain(dataset_cfg))
+def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[str],
+                 within: Path | None = None) -> dict[str, list[ImageRecord]]:
+    """Run the data set's `generate` step if it has one (writing only under `within` if given), then read the splits
+    with the reader `dataset.reader` names."""
+    reader, kwargs, _ = _reader(_plain(dataset_cfg), within)
     with collector_paused():
         return reader(splits=list(splits), **kwargs)
 
 
-def load_table(dataset_cfg: DictConfig | Mapping[str, Any], write: bool = True) -> CaptionTable | None:
+def load_table(dataset_cfg: DictConfig | Mapping[str, Any], write: bool = True,
+               within: Path | None = None) -> CaptionTable | None:
     """Every split's captions from the prepared set under `dataset.prepared` (built first if none fits: see
     captioning/data/prepared.py), or None when dataset.prepared is not set. `write=False` never writes a set (a
-    dataset section taken from a checkpoint: only one that already exists is opened)."""
+    dataset section taken from a checkpoint: only one that already exists is opened; `within`: see load_records)."""
     cfg = _plain(dataset_cfg)
     if not cfg.get("prepared"):
         return None
-    reader, kwargs, spec = _reader(cfg)
+    reader, kwargs, spec = _reader(cfg, within)
     return open_or_prepare(cfg["prepared"], reader, spec, lambda: reader(splits=list(SPLITS), **kwargs), write)
 
 
@@ -78,10 +100,10 @@ def build_vocab(records: Sequence[ImageRecord], min_freq: int, max_size: int | N
 
 
 def _records(dataset_cfg: DictConfig, wanted: list[str], vocab: Vocabulary | None,
-             write: bool) -> tuple[Vocabulary | None, Mapping[str, Sequence[ImageRecord]]]:
+             within: Path | None) -> tuple[Vocabulary | None, Mapping[str, Sequence[ImageRecord]]]:
     """The wanted splits' records (views of the prepared set when there is one) and the vocabulary if it was None."""
     try:
-        table = load_table(dataset_cfg, write)
+        table = load_table(dataset_cfg, within is None, within)
     except ValueError:
         if set(wanted) >= set(SPLITS):
             raise
@@ -89,7 +111,7 @@ def _records(dataset_cfg: DictConfig, wanted: list[str], vocab: Vocabulary | Non
         logger.info("prepared captions need the train, val and test splits; reading %s directly", wanted)
         table = None
     if table is None:
-        records: Mapping[str, Sequence[ImageRecord]] = load_records(dataset_cfg, wanted)
+        records: Mapping[str, Sequence[ImageRecord]] = load_records(dataset_cfg, wanted, within)
         if vocab is None:
             vocab = build_vocab(records["train"], dataset_cfg.min_word_freq, dataset_cfg.get("max_vocab"))
         return vocab, records
@@ -102,16 +124,17 @@ def _records(dataset_cfg: DictConfig, wanted: list[str], vocab: Vocabulary | Non
 
 def build_datasets(dataset_cfg: DictConfig, transform: Callable, splits: Sequence[str] = ("train", "val", "test"),
                    vocab: Vocabulary | None = None, features: FeatureCache | None = None,
-                   write_prepared: bool = True) -> tuple[Vocabulary, dict[str, CaptionDataset]]:
+                   checkpoint_data: Path | None = None) -> tuple[Vocabulary, dict[str, CaptionDataset]]:
     """Datasets for the splits; the vocabulary is built from `train` unless one is given (e.g. a checkpoint's).
 
     With a feature cache the data sets yield cached annotation grids instead of images. The `train` split draws
     dataset.captions_per_image captions of an image each time it is read (evaluation splits need none drawn).
-    With dataset.prepared the captions come from a prepared set (written there first unless `write_prepared` is
-    false); the data sets are the same, caption for caption.
+    With dataset.prepared the captions come from a prepared set (written there first); the data sets are the same,
+    caption for caption. `checkpoint_data`: the section is a checkpoint's (someone else's), so its prepared set is
+    only opened, never written, and its `generate` step writes only under this folder (the run's data_dir).
     """
     wanted = list(splits) if vocab is not None or "train" in splits else ["train", *splits]
-    vocab, records = _records(dataset_cfg, wanted, vocab, write_prepared)
+    vocab, records = _records(dataset_cfg, wanted, vocab, checkpoint_data)
     assert vocab is not None
     max_len = int(dataset_cfg.max_caption_len)
     per_image = {"train": dataset_cfg.get("captions_per_image")}

@@ -87,7 +87,8 @@ CONFIG_KEYS = {"generator": "dataset.generate", "reader": "dataset.reader"}
 # Constructor arguments the builder passes itself; a config may not set them.
 BUILDER_ARGS: dict[str, tuple[str, ...]] = {
     "encoder": (), "attention": ("annotation_dim", "hidden_dim"),
-    "decoder": ("vocab_size", "annotation_dim", "attention"), "generator": (), "reader": ("splits",), "objective": ()}
+    "decoder": ("vocab_size", "annotation_dim", "attention"), "generator": ("writable",), "reader": ("splits",),
+    "objective": ()}
 PLURAL = {"encoder": "encoders", "attention": "attentions", "decoder": "decoders", "generator": "data set generators",
           "reader": "data set readers", "objective": "training objectives"}
 HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")

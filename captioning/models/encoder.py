@@ -12,7 +12,7 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
-from captioning.base.constraints import Count, Range, Size, constrained
+from captioning.base.constraints import MAX_IMAGE_SIDE, Count, ImageSide, Range, Size, constrained
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ FineTune = Literal["none", "top", "all"]
 VGGArch = Literal["vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"]
 ResNetArch = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d",
                      "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2"]
-ImageSize = Annotated[int, Range(ge=32)]  # the smallest input the ImageNet backbones take
+ImageSize = Annotated[int, Range(ge=32, le=MAX_IMAGE_SIDE)]  # 32: the smallest input the backbones take
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -52,7 +52,7 @@ class SmallCNN(Encoder):
     @constrained
     def __init__(self, channels: Annotated[tuple[int, ...], Range(ge=1)] = (32, 64, 128),
                  num_pools: Count = 3, coord_channels: bool = True,
-                 image_size: Annotated[int | None, Range(ge=1)] = None):
+                 image_size: ImageSide | None = None):
         super().__init__()
         self.coord_channels, self.image_size = coord_channels, image_size
         layers: list[nn.Module] = []

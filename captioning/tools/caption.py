@@ -29,7 +29,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
-from captioning.cli import ArgumentParser, one_line, positive_int, run_cli, writable_dir, writable_file
+from captioning.cli import ArgumentParser, one_line, positive_int, printable, run_cli, writable_dir, writable_file
 from captioning.data.images import ImageError, load_image
 from captioning.inference.model import CaptionModel, CaptionResult, load
 from captioning.inference.outputs import CaptionLog, file_sha256, write_results
@@ -136,7 +136,7 @@ def caption_run(args: argparse.Namespace) -> int:
         for srcs, images, errors in _read_ahead(todo, args.batch_size):
             done = _caption(model, srcs, images, options, errors) if srcs else []
             for message in errors:
-                tqdm.write(f"{PROG}: skipped: {message}", file=sys.stderr)
+                tqdm.write(f"{PROG}: skipped: {one_line(message)}", file=sys.stderr)
             skipped += len(errors)
             new = [_row(src, result) for src, result in done]
             rows += new
@@ -144,7 +144,7 @@ def caption_run(args: argparse.Namespace) -> int:
                 log.append(new)
             for src, result in done:
                 if echo:
-                    tqdm.write(f"{src.key}\t{result.caption}", file=sys.stdout)
+                    tqdm.write(f"{printable(src.key)}\t{result.caption}", file=sys.stdout)  # one line each
                 if args.figures and result.words:
                     model.plot(result, Path(args.figures) / names[src.key])
                     figures += 1

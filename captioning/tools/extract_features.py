@@ -17,6 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from captioning.base.lock import FolderLock
 from captioning.cli import no_unused_folder, run_cli, writable_dir
 from captioning.config.overrides import check_overrides
 from captioning.data.features import FeatureCache, check_frozen, extract_features
@@ -39,11 +40,13 @@ def extract(cfg: DictConfig) -> FeatureCache:
     check_frozen(encoder)
     encoder.to(device)
     records = load_records(cfg.dataset, list(cfg.splits))
-    return extract_features([r for rs in records.values() for r in rs], encoder,
-                            cast(dict[str, Any], OmegaConf.to_container(cfg.encoder, resolve=True)),
-                            Path(cfg.dataset.features),
-                            batch_size=int(cfg.batch_size), num_workers=int(cfg.dataset.num_workers),
-                            overwrite=bool(cfg.overwrite), progress=bool(cfg.trainer.progress))
+    # one extraction writes into a cache folder at a time
+    with FolderLock(cfg.dataset.features, "feature extraction", "extract into another folder (dataset.features=...)"):
+        return extract_features([r for rs in records.values() for r in rs], encoder,
+                                cast(dict[str, Any], OmegaConf.to_container(cfg.encoder, resolve=True)),
+                                Path(cfg.dataset.features),
+                                batch_size=int(cfg.batch_size), num_workers=int(cfg.dataset.num_workers),
+                                overwrite=bool(cfg.overwrite), progress=bool(cfg.trainer.progress))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="extract_features")

@@ -1,7 +1,8 @@
 """One run per folder: an OS lock on the run folder, and what a run may do with a folder that already holds one.
 
-A run holds `fcntl.flock` on `<run>/.lock` (its PID written inside) for its whole life; the OS drops the lock
-when the process ends, however it ends (kill -9 included), so a dead run never blocks the next one. Under the
+A run holds `fcntl.flock` on `<run>/.lock` (its PID written inside) for its whole life (captioning/base/lock.py,
+shared with captioning-evaluate and captioning-extract-features); the OS drops the lock when the process ends,
+however it ends (kill -9 included), so a dead run never blocks the next one. Under the
 lock, `RunFolder.claim` applies the folder policy (a folder "holds a run" once it has config.yaml or checkpoints/):
 
 - a new or empty folder: a new run starts. `resume=auto` is accepted there and starts the run, so a job script
@@ -18,8 +19,6 @@ Hydra writes its own `.hydra/` and `<job>.log` into the folder before the run st
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -28,10 +27,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from captioning.base.lock import LOCK_NAME, FolderInUseError, FolderLock
 from captioning.training import distributed
 
 logger = logging.getLogger(__name__)
-LOCK_NAME = ".lock"
 KEPT = (LOCK_NAME, ".hydra")  # never moved aside: the lock itself and the Hydra files of this launch
 
 
@@ -45,36 +44,22 @@ class RunFolder:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.ckpt_dir = self.path / "checkpoints"
-        self._fd: int | None = None
+        self._lock = FolderLock(self.path, "training run", "train into another folder (hydra.run.dir=...)")
 
     # -- the lock ----------------------------------------------------------------------------
     def lock(self) -> None:
-        """Take the folder's lock and write this PID into it; RunFolderError naming the holder's PID if taken."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the folder's lock (captioning/base/lock.py); RunFolderError naming the holder's PID if taken."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise RunFolderError(f"{self.path} is in use by another training run (PID {holder}); wait for it to "
-                                 "end, or train into another folder (hydra.run.dir=...)") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+            self._lock.acquire()
+        except FolderInUseError as err:
+            raise RunFolderError(str(err)) from None
 
     def release(self) -> None:
         """Drop the lock (the OS also drops it when the process dies); the .lock file stays, empty."""
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        self._lock.release()
 
     def __enter__(self) -> RunFolder:
-        if self._fd is None:
+        if not self._lock.held:
             self.lock()
         return self
 
@@ -91,7 +76,7 @@ class RunFolder:
 
         Raises RunFolderError (the lock is then released) for a folder in use or one this launch may not touch.
         """
-        if self._fd is None:
+        if not self._lock.held:
             self.lock()
         try:
             path = self._decide(resume, overwrite)
