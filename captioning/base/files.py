@@ -193,5 +193,5 @@ class NoFollowFileHandler(logging.FileHandler):
     """logging's FileHandler whose file is opened by open_append: a symlink planted at a run's `<job>.log` is
     replaced, never appended through (conf/*.yaml set it as Hydra's job log handler)."""
 
-    def _open(self):  # type: ignore[no-untyped-def]  # logging's own (untyped) hook
+    def _open(self) -> Any:  # logging's own hook (a text stream)
         return open(open_append(self.baseFilename), "a", encoding=self.encoding, errors=self.errors)

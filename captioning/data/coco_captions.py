@@ -7,7 +7,8 @@ Split rule (documented in conf/dataset/reader/coco.yaml):
   `num_val` to `val`, the next `num_test` to `test` and the rest to `train` (Karpathy's "restval").
 
 Bad input: a file that is not UTF-8 or not valid JSON, lacks the `images`/`annotations` lists, has an image
-without an integer `id`/`file_name`, a duplicate image id, an annotation without an integer `id`/`image_id` or a
+without an integer `id`/`file_name`, a `file_name` that leaves its image folder (absolute, `..`, or a symlink out
+of it: captioning/data/paths.py), a duplicate image id, an annotation without an integer `id`/`image_id` or a
 string `caption`, a duplicate annotation id, or an annotation for an image id the file does not list is refused
 with a ValueError naming the file, the entry (index and id) and the field, before pycocotools sees the file. Empty
 captions (nothing left after tokenising) are skipped and counted in a warning; so are images left with no caption.
@@ -27,19 +28,24 @@ from pycocotools.coco import COCO
 
 from captioning.base.constraints import Count, File, constrained
 from captioning.data.jsonio import is_id, load_json
+from captioning.data.paths import ImageRoot, relative_problem
 from captioning.data.records import SPLITS, ImageRecord
 from captioning.data.vocab import tokenize
 
 logger = logging.getLogger(__name__)
 
 
-def _check_images(images: list[Any], path: Path) -> set[int]:
-    """The image ids of `images`, after checking each entry's fields; a ValueError names the entry and field."""
+def _check_images(images: list[Any], path: Path, folder: ImageRoot | None) -> set[int]:
+    """The image ids of `images`, after checking each entry's fields and, with the image `folder`, that its file
+    stays under it (captioning/data/paths.py); a ValueError names the entry and field."""
     ids: dict[int, int] = {}
     for n, img in enumerate(images):
         if not isinstance(img, dict) or not is_id(img.get("id")) or not isinstance(img.get("file_name"), str):
             raise ValueError(f"{path}: images[{n}] is malformed (needs an integer 'id' and a 'file_name'), got "
                              f"{img!r:.120}")
+        problem = relative_problem(img["file_name"]) if folder is None else folder.problem(img["file_name"])
+        if problem:
+            raise ValueError(f"{path}: images[{n}] (id {img['id']}): 'file_name' {problem}")
         if img["id"] in ids:
             raise ValueError(f"{path}: images[{n}] (id {img['id']}): 'id' repeats image id {img['id']} of "
                              f"images[{ids[img['id']]}]")
@@ -51,12 +57,13 @@ def _check_images(images: list[Any], path: Path) -> set[int]:
     return set(ids)
 
 
-def _check_structure(data: Any, path: Path) -> None:
-    """Refuse a captions file pycocotools would crash on (or silently misread), naming the bad entry and field."""
+def _check_structure(data: Any, path: Path, folder: ImageRoot | None = None) -> None:
+    """Refuse a captions file pycocotools would crash on (or silently misread), or whose images leave `folder`,
+    naming the bad entry and field."""
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("annotations"), list):
         raise ValueError(f"{path}: expected COCO caption annotations with top-level 'images' and 'annotations' lists")
-    ids = _check_images(data["images"], path)
+    ids = _check_images(data["images"], path, folder)
     ann_ids: dict[int, int] = {}
     unknown = []
     for n, ann in enumerate(data["annotations"]):
@@ -77,11 +84,12 @@ def _check_structure(data: Any, path: Path) -> None:
                          f"(e.g. {sorted(set(unknown))[:5]}); is the file truncated or from another set?")
 
 
-def load_coco(path: str | os.PathLike) -> COCO:
-    """A pycocotools COCO index of a captions file, after checking its structure."""
+def load_coco(path: str | os.PathLike, image_folder: str | os.PathLike | None = None) -> COCO:
+    """A pycocotools COCO index of a captions file, after checking its structure (and, with the folder its images
+    are in, that each `file_name` stays under it)."""
     path = Path(path)
     data = load_json(path)
-    _check_structure(data, path)
+    _check_structure(data, path, None if image_folder is None else ImageRoot(image_folder))
     data.setdefault("info", {})  # pycocotools' info() and loadRes expect it; caption files may leave it out
     return coco_index(data)
 
@@ -147,7 +155,7 @@ def read_coco_captions(train_captions: Annotated[str | os.PathLike, File()],
             raise ValueError(f"split must be one of {SPLITS}, got {s!r}")
     root = Path(image_root)
     sources = [(Path(train_captions), root / train_images), (Path(val_captions), root / val_images)]
-    cocos = [load_coco(path) for path, _ in sources]
+    cocos = [load_coco(path, folder) for path, folder in sources]
     if split_file is not None:
         given = _karpathy_splits(Path(split_file))
         assign = [{i: given[i] for i in c.getImgIds() if i in given} for c in cocos]

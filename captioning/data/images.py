@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 # threshold, so PIL's global guard never decides before ours does.
 DEFAULT_MAX_PIXELS = 8192 * 8192
 # A resize of the shorter side to 256 (VGG/ResNet) turns a 1 x 60,000 image (60,000 pixels: no bomb) into 256 x
-# 15,360,000 (11 GB); at 32:1 the longer side stays within 8192. Panoramas are about 4:1 to 10:1.
-MAX_ASPECT = 32
+# 15,360,000 (11 GB); at 200:1 it stays at 256 x 51,200 (13 million pixels). Panoramas are about 4:1 to 10:1.
+MAX_ASPECT = 200
 BACKGROUND = (255, 255, 255)  # what transparent pixels become
 
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")

@@ -1,7 +1,8 @@
 """The Karpathy split format (dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json, shapes): reader.
 
-`read_karpathy` checks every entry (types, one entry per image id and per file), whatever its split, and returns
-the requested split's `ImageRecord`s; a bad entry is a ValueError naming the file, the entry, its id and the field.
+`read_karpathy` checks every entry (types, one entry per image id and per file, an image path that stays under the
+image root: captioning/data/paths.py), whatever its split, and returns the requested split's `ImageRecord`s; a bad
+entry is a ValueError naming the file, the entry, its id and the field.
 `read_karpathy_splits` is the same for several splits: the `dataset.reader` of conf/dataset/reader/karpathy.yaml.
 """
 
@@ -17,6 +18,7 @@ from typing import Annotated, Any
 
 from captioning.base.constraints import File
 from captioning.data.jsonio import is_id, load_json
+from captioning.data.paths import ImageRoot, relative_problem
 from captioning.data.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize
 
@@ -33,8 +35,9 @@ class _Entry:
     id_key: str  # the field the image id came from
 
 
-def _parse_entry(img: Any, n: int, json_path: Path, root: Path) -> _Entry:
-    """Check one `images[n]` entry's fields and types; a ValueError names the file, entry, id and field."""
+def _parse_entry(img: Any, n: int, json_path: Path, root: ImageRoot) -> _Entry:
+    """Check one `images[n]` entry's fields and types, and that its image stays under the root; a ValueError names
+    the file, entry, id and field."""
     id_key = next((k for k in ("cocoid", "id", "imgid") if isinstance(img, dict) and k in img), None)
     image_id = img[id_key] if id_key else n
 
@@ -51,6 +54,9 @@ def _parse_entry(img: Any, n: int, json_path: Path, root: Path) -> _Entry:
             raise bad(key, f"must be a non-empty string, got {describe(img.get(key))}" if key in img else "is missing")
     if not isinstance(img.get("filepath", ""), str):
         raise bad("filepath", f"must be a string, got {describe(img['filepath'])}")
+    for key in ("filepath", "filename"):
+        if problem := relative_problem(img.get(key, ""), folder=key == "filepath"):
+            raise bad(key, problem)
     sentences = img.get("sentences")
     if not isinstance(sentences, list):
         raise bad("sentences", f"must be a list of {{'raw': ..., 'tokens': [...]}}, got {describe(sentences)}"
@@ -76,7 +82,11 @@ def _parse_entry(img: Any, n: int, json_path: Path, root: Path) -> _Entry:
     boxes = img.get("word_boxes", {})
     if not isinstance(boxes, dict):
         raise bad("word_boxes", f"must be an object (word -> boxes), got {describe(boxes)}")
-    path = Path(os.path.join(root, img.get("filepath", ""), img["filename"]))  # one join: 123k of them for COCO
+    joined = os.path.join(root.root, img.get("filepath", ""), img["filename"])  # one join: 123k of them for COCO
+    if (real := root.escape(joined)) is not None:
+        folder = os.path.realpath(os.path.join(root.root, img.get("filepath", "")))
+        raise bad("filename" if root.inside(folder) else "filepath", root.describe(joined, real))
+    path = Path(joined)
     return _Entry(img["split"], ImageRecord(image_id, path, [], raw, dict(boxes), size), toks, id_key or "index")
 
 
@@ -121,7 +131,7 @@ class _SharedTokens:
 def read_entries(json_path: str | os.PathLike, image_root: str | os.PathLike | None = None) -> list[_Entry]:
     """Parse and check every entry of a Karpathy split file once (types, one entry per image id and per file)."""
     json_path = Path(json_path)
-    root = Path(image_root) if image_root is not None else json_path.parent
+    root = ImageRoot(image_root if image_root is not None else json_path.parent)
     data = load_json(json_path, object_hook=_SharedTokens())
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ValueError(f"{json_path}: expected a Karpathy split file with a top-level 'images' list")

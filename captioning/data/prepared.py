@@ -36,7 +36,7 @@ from captioning.data.jsonio import load_json, write_json_atomic
 from captioning.data.records import SPLITS, ImageRecord, collector_paused
 
 logger = logging.getLogger(__name__)
-FORMAT = "captioning-prepared/v1"
+FORMAT = "captioning-prepared/v2"  # v2: image paths checked under the image root when read
 MANIFEST = "manifest.json"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from captioning.data.jsonio import is_id, load_json
 from captioning.data.karpathy import read_karpathy
+from captioning.data.paths import ImageRoot
 from captioning.data.records import ImageRecord
 
 FORMATS = ("coco", "karpathy")
@@ -78,9 +79,14 @@ def read_annotations(path: str | Path, split: str = "test", image_root: str | Pa
     for n, ann in enumerate(data["annotations"]):
         check_entry(ann, f"{path}: annotations[{n}]")
         refs[ann["image_id"]].append(ann["caption"])
-    images = data.get("images") if image_root is not None else None
-    paths = {im["id"]: Path(image_root) / im["file_name"] for im in images or []  # type: ignore[arg-type]
-             if isinstance(im, dict) and is_id(im.get("id")) and isinstance(im.get("file_name"), str)}
+    paths: dict[int, Path] = {}
+    if image_root is not None:
+        root = ImageRoot(image_root)  # every file_name must stay under it (captioning/data/paths.py)
+        for n, im in enumerate(data.get("images") or []):
+            if isinstance(im, dict) and is_id(im.get("id")) and isinstance(im.get("file_name"), str):
+                if problem := root.problem(im["file_name"]):
+                    raise ValueError(f"{path}: images[{n}] (id {im['id']}): 'file_name' {problem}")
+                paths[im["id"]] = Path(image_root) / im["file_name"]
     return Annotations(dict(refs), paths)
 
 

@@ -1,8 +1,8 @@
 """Your own data in a plain table: one row per caption, in a CSV or JSON Lines file, read into `ImageRecord`s.
 
 Columns (CSV: a header row; JSON Lines: the keys of each line's object; other columns are ignored):
-- `image`: the image's path, relative to `image_root` (by default the table's folder); absolute paths and `..`
-  are refused, so every image stays under the root;
+- `image`: the image's path, relative to `image_root` (by default the table's folder); absolute paths, `..` and
+  symlinks that lead out of the root are refused (captioning/data/paths.py), so every image stays under the root;
 - `caption`: the caption as written (rows of one image give its captions, in row order);
 - `split` (optional): train, val or test (`restval` counts as train);
 - `image_id` (optional): an integer; without it the images are numbered 1, 2, ... in order of first appearance.
@@ -28,11 +28,12 @@ import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from captioning.base.constraints import Count, File, choose_one, constrained
 from captioning.data.jsonio import is_id
+from captioning.data.paths import ImageRoot, relative_problem
 from captioning.data.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize
 
@@ -111,16 +112,6 @@ def _jsonl_rows(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line, {k: v for k, v in obj.items() if k in COLUMNS and v is not None}
 
 
-def _relative(text: str) -> PurePosixPath | str:
-    """The normalised relative path `text` names, or what is wrong with it."""
-    if PurePosixPath(text).is_absolute() or PureWindowsPath(text).anchor:
-        return f"must be a path relative to the image root, got the absolute path {text!r:.80}"
-    if ".." in re.split(r"[/\\]", text):
-        return f"must stay under the image root (no '..'), got {text!r:.80}"
-    path = PurePosixPath(text)
-    return path if path.parts else f"names no file, got {text!r:.80}"
-
-
 def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, str] | None]:
     """The checked fields of one row, or the first (field, problem) found."""
     out: dict[str, Any] = {}
@@ -131,10 +122,9 @@ def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, str] |
                                                             else f"must be a string, got {describe(value)}")
             return out, (name, what)
         out[name] = value.strip()
-    image = _relative(out["image"])
-    if isinstance(image, str):
-        return out, ("image", image)
-    out["image"] = image
+    if problem := relative_problem(out["image"]):
+        return out, ("image", problem)
+    out["image"] = PurePosixPath(out["image"])
     split = values.get("split")
     if split is not None:
         if not isinstance(split, str) or split.strip() not in SPLIT_VALUES:
@@ -184,6 +174,15 @@ def _images(rows: Iterator[tuple[int, dict[str, Any]]], path: Path) -> dict[Pure
     return images
 
 
+def _under_root(images: dict[PurePosixPath, _Image], root: ImageRoot, path: Path) -> dict[PurePosixPath, _Image]:
+    """The images, after checking that none resolves outside the image root through a symlink."""
+    for name, image in images.items():
+        joined = os.path.join(root.root, name)
+        if (real := root.escape(joined)) is not None:
+            raise ValueError(f"{path}: line {image.line}: 'image' {root.describe(joined, real)}")
+    return images
+
+
 def _drop_empty(images: dict[PurePosixPath, _Image], path: Path) -> dict[PurePosixPath, _Image]:
     """The images with their non-empty captions; empty captions and images left with none are counted, skipped."""
     kept: dict[PurePosixPath, _Image] = {}
@@ -226,11 +225,11 @@ def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, 
     if kind is None:
         raise ValueError(f"{path}: a caption table must be a {', '.join(SUFFIXES)} file, got {path.suffix!r}")
     rows = _csv_rows(_text(path), path) if kind == "csv" else _jsonl_rows(_text(path), path)
-    images = _drop_empty(_images(rows, path), path)
+    root = Path(image_root) if image_root is not None else path.parent
+    images = _drop_empty(_under_root(_images(rows, path), ImageRoot(root), path), path)
     has_split = any(image.split is not None for image in images.values())
     split_of = ({n: str(image.split) for n, image in images.items()} if has_split
                 else _seeded_split(list(images), val_size, test_size, seed))
-    root = Path(image_root) if image_root is not None else path.parent
     out: dict[str, list[ImageRecord]] = {}
     for s in splits:
         out[s] = [ImageRecord(image.image_id, root / n, [t for t, _ in image.captions], [w for _, w in image.captions])

@@ -26,6 +26,10 @@ SMOOTH_SIGMA_CELLS = 0.6
 PANEL_INCHES = 2.6
 DPI = 100
 _MAX_PANEL_SIDE = 512  # images larger than this are shrunk for display only
+# Text from data (caption words, a sweep's overrides) is drawn as it is: every call that draws such a string passes
+# **PLAIN_TEXT, so matplotlib neither parses it as mathtext (a word like "$\\foo$" would abort the drawing, "a_b^c"
+# would be typeset) nor hands it to TeX, whatever the rcParams say.
+PLAIN_TEXT: dict[str, Any] = {"parse_math": False, "usetex": False}
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -156,11 +160,11 @@ def attention_figure(
 
     head = title if title is not None else " ".join(words)
     axes[0].imshow(np.asarray(img))
-    axes[0].set_title(textwrap.fill(head, width=max(20, int(PANEL_INCHES * 11))), fontsize=9)
+    axes[0].set_title(textwrap.fill(head, width=max(20, int(PANEL_INCHES * 11))), fontsize=9, **PLAIN_TEXT)
     cell_w, cell_h = W / w, H / h
     for t, (ax, word) in enumerate(zip(axes[1:n], words)):
         ax.imshow(overlay_attention(img, maps[t], smooth=smooth))
-        ax.set_title(word, fontsize=11)
+        ax.set_title(word, fontsize=11, **PLAIN_TEXT)
         if regions is not None:
             r, c = divmod(regions[t], w)
             # imshow puts pixel centres on integers, so pixel edges sit at -0.5.

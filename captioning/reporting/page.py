@@ -100,6 +100,7 @@ ol.refs { margin: 0; padding-left: 1.4em; color: #555; }
 <section id="overall"><h2>Overall metrics</h2>$overall</section>
 $curves
 <h2>Images (<span id="count">$count</span>)</h2>
+$capped
 <p class="hint">Hover over a word to see where the model looked while generating it (white = attended; a red box
 marks the region hard attention selected); click a word to keep its map. Click a column header to sort.</p>
 <table id="images"><thead><tr>$head</tr></thead><tbody>$body</tbody></table>
@@ -202,10 +203,16 @@ def _row(n: int, item: ReportItem, columns: Sequence[str]) -> str:
             f'<td class="caption">{words}</td><td><ol class="refs">{refs}</ol></td>{cells}</tr>')
 
 
+def capped_note(shown: int, total: int) -> str:
+    """What a page that left rows out says about it (and the warning line of the command that wrote it)."""
+    return (f"showing {shown} of {total} images: the first {shown} in result order ({total - shown} left out); "
+            f"captioning-html --max-entries 0 (or a larger number) writes a page with them all")
+
+
 def render_page(items: Sequence[ReportItem], columns: Sequence[str], metrics: Mapping[str, Any], title: str,
-                curves_uri: str | None, data: str) -> str:
+                curves_uri: str | None, data: str, total: int | None = None) -> str:
     """The page: a row per item with its `columns` scores, the overall metrics, the curves image (a data URI) and
-    the attention data (JSON text)."""
+    the attention data (JSON text); `total` rows there were, when a cap kept only these `items`."""
     # Column i of the header is cell i of every row; the numeric ones sort.
     names = ["#", "image id", "image", "caption", "references", *columns]
     head = "".join(f'<th class="sortable" data-col="{i}">{html.escape(n)}</th>' if i < 2 or i >= 5
@@ -213,7 +220,9 @@ def render_page(items: Sequence[ReportItem], columns: Sequence[str], metrics: Ma
     body = "".join(_row(n, it, columns) for n, it in enumerate(items))
     curves_html = (f'<section id="curves"><h2>Training curves</h2><img src="{curves_uri}" '
                    f'alt="training curves"></section>') if curves_uri is not None else ""
+    note = capped_note(len(items), total) if total is not None and total > len(items) else ""
+    capped = f'<p class="capped">{html.escape(note[:1].upper() + note[1:])}.</p>' if note else ""
     return PAGE_TEMPLATE.substitute(
         title=html.escape(title), overall=_overall_table(metrics), curves=curves_html, head=head, body=body,
-        count=len(items), heatmap_js=HEATMAP_JS,
+        count=len(items), capped=capped, heatmap_js=HEATMAP_JS,
         data=data.replace("</", "<\\/"))  # no "</script>" can close the data block early

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from matplotlib.figure import Figure
 
 from captioning.base.files import atomic_file
 from captioning.cli import one_line
+from captioning.reporting.figures import PLAIN_TEXT
 from captioning.reporting.numbers import format_metric
 
 logger = logging.getLogger(__name__)
@@ -118,19 +120,45 @@ def shared_overrides(runs: Sequence[Run]) -> dict[str, str]:
     return {k: runs[0].overrides[k] for k in keys if all(r.overrides.get(k) == runs[0].overrides.get(k) for r in runs)}
 
 
+# Cells come from files that may be a stranger's (overrides.yaml, metrics.json): each is written so that it shows as
+# the text it is. Control characters (line breaks, terminal escapes) become spaces. Markdown: a backslash or `|` would
+# end the cell early, and `<`, `>`, `&` and backticks would be markup (raw HTML, entities, code spans). CSV: a cell
+# a spreadsheet would run as a formula (OWASP's CSV injection: it starts with = + - @, a tab or a carriage return)
+# gets a leading ' unless it is a number.
+_CONTROLS = re.compile(r"\r\n|[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_MARKDOWN_ESCAPES = {"\\": "\\\\", "|": "\\|", "&": "&amp;", "<": "&lt;", ">": "&gt;", "`": "&#96;"}
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
+def flat(text: str) -> str:
+    """Text on one line for a table cell or a plot label: every control character (line breaks, escapes) a space."""
+    return _CONTROLS.sub(" ", text)
+
+
+def markdown_cell(text: str) -> str:
+    """A table cell's text for Markdown: on one line, with no markup and no cell boundary in it."""
+    return "".join(_MARKDOWN_ESCAPES.get(ch, ch) for ch in flat(text))
+
+
+def csv_cell(text: str) -> str:
+    """A table cell's text for CSV: a number as it is; text a spreadsheet would run as a formula behind a '."""
+    return "'" + text if text.startswith(_FORMULA_START) and not _NUMBER.fullmatch(text) else text
+
+
 def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    """A GitHub-flavoured Markdown table (every cell escaped by markdown_cell)."""
+    lines = ["| " + " | ".join(map(markdown_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """The same table as CSV: the same cells as the Markdown table, numbers rounded alike."""
+    """The same table as CSV: the same cells as the Markdown table, numbers rounded alike (escaped by csv_cell)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(header)
-    writer.writerows(rows)
+    writer.writerow(map(csv_cell, header))
+    writer.writerows(map(csv_cell, row) for row in rows)
     return buf.getvalue()
 
 
@@ -193,9 +221,10 @@ def plot_sweep(runs: Sequence[Run], metric: str, path: str | Path) -> Path | Non
             ax.bar(range(len(cats)), [_mean([y for x, y in s.points if x == c]) for c in cats], color="tab:gray",
                    alpha=0.4)
             ax.plot([cats.index(str(x)) for x, _ in s.points], ys, "o", color="tab:blue")
-            ax.set_xticks(range(len(cats)), cats, rotation=30 if max(map(len, cats)) > 6 else 0)
-        ax.set_xlabel(s.param)
-        ax.set_ylabel(metric)
+            ax.set_xticks(range(len(cats)), [flat(c) for c in cats],
+                          rotation=30 if max(map(len, cats)) > 6 else 0, **PLAIN_TEXT)
+        ax.set_xlabel(flat(s.param), **PLAIN_TEXT)
+        ax.set_ylabel(flat(metric), **PLAIN_TEXT)
         ax.grid(alpha=0.3)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

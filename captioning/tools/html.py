@@ -28,7 +28,15 @@ from captioning.data.records import ImageRecord
 from captioning.data.references import load_results, read_annotations
 from captioning.metrics import attention_correctness, score_captions
 from captioning.reporting.curves import CURVES_NAME, plot_history
-from captioning.reporting.html import ATTENTION_NAME, REPORT_NAME, load_attention, load_view_uri, write_report
+from captioning.reporting.html import (
+    ATTENTION_NAME,
+    MAX_ENTRIES,
+    REPORT_NAME,
+    load_attention,
+    load_view_uri,
+    shown_count,
+    write_report,
+)
 from captioning.reporting.items import ReportItem
 
 logger = logging.getLogger(__name__)
@@ -91,6 +99,8 @@ def check_options(args: argparse.Namespace) -> None:
     if args.instances is not None and args.checkpoint is None:
         raise ValueError("--instances needs --checkpoint: its encoder's resize and crop say which part of each image "
                          "the attention maps cover")
+    if args.max_entries < 0:
+        raise ValueError(f"--max-entries must be >= 0 (0: every image), got {args.max_entries}")
     if args.image_root is not None and not args.image_root.is_dir():
         raise FileNotFoundError(f"--image-root is not a folder: {args.image_root}")
 
@@ -116,13 +126,14 @@ def build_report(args: argparse.Namespace) -> Path:
     correctness = {} if maps is None else attention_metrics(  # before the scoring: a bad instances file fails first
         results, maps, annotations.records, args.instances, geometry)
     scores = score_captions(results, refs, [m for m in args.metrics.split(",") if m], args.tokenizer)
-    items = items_from_results(results, refs, scores.per_image, paths, maps, mark, view)
+    shown = dict(list(results.items())[:shown_count(len(results), args.max_entries)])  # the page's rows, no more
+    items = items_from_results(shown, refs, scores.per_image, paths, maps, mark, view)
     metrics = {"results": str(args.results), **scores.overall, **correctness, "num_images": len(results),
                "tokenizer": scores.tokenizer}
     title = args.title or f"Captioning report: {args.results.name}"
     with tempfile.TemporaryDirectory() as tmp:  # the curves are embedded in the page, not left beside it
         curves = plot_history(args.history, Path(tmp) / CURVES_NAME) if args.history is not None else None
-        return write_report(out, items, metrics, title, curves)
+        return write_report(out, items, metrics, title, curves, total=len(results))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default="auto", choices=["auto", "ptb-java", "python"])
     parser.add_argument("--out", type=Path, help=f"output file (default: {REPORT_NAME} next to the results)")
     parser.add_argument("--title", help="page title")
+    parser.add_argument("--max-entries", type=int, default=MAX_ENTRIES, metavar="N",
+                        help=f"rows the page shows: the first N results (default: {MAX_ENTRIES}; 0: all); the overall "
+                        "metrics cover every result")
     args = parser.parse_args(argv)
     print(run_cli(lambda: build_report(args), PROG, (OSError, ValueError, RuntimeError)))
     return 0

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from captioning.base.files import write_text_atomic
-from captioning.cli import ArgumentParser, run_cli, writable_file
+from captioning.cli import ArgumentParser, printable, run_cli, writable_file
 from captioning.reporting.sweep import (
     DEFAULT_METRICS,
     Run,
@@ -50,15 +50,15 @@ def report(sweep_dir: str | Path, metrics: Sequence[str] = DEFAULT_METRICS, out:
         write_text_atomic(out.with_suffix(".csv"), to_csv(header, rows))
     print(markdown, end="")
     if shared:
-        print("\nsame in every run: " + " ".join(f"{k}={v}" for k, v in shared.items()))
+        print("\nsame in every run: " + printable(" ".join(f"{k}={v}" for k, v in shared.items())))
     if plot:
         written = plot_sweep(runs, plot_metric, plot)
-        print(f"\nplot of {plot_metric} against {', '.join(swept_params(runs))}: {written}" if written
+        print("\n" + printable(f"plot of {plot_metric} against {', '.join(swept_params(runs))}: {written}") if written
               else f"\nno plot: no finished run reports {plot_metric}")
     failed = [r for r in runs if not r.finished]
     if failed:
         print(f"\n{len(failed)} of {len(runs)} runs have no metrics.json (failed or unfinished):")
-        print("\n".join(f"- {r.path}: {r.status}" for r in failed))
+        print("\n".join(printable(f"- {r.path}: {r.status}") for r in failed))
     return runs
 
 

@@ -106,7 +106,8 @@ def test_meta_index_and_progress_record_what_made_the_cache(records, tmp_path):
     meta = json.loads((tmp_path / "cache" / "meta.json").read_text())
     fp = meta.pop("fingerprint")
     assert meta == {"format": CACHE_FORMAT, "weights": "random initialisation (seeded by the run's `seed`)",
-                    "dtype": "float16", "grid": [8, 8], "num_images": 16, "code_version": __version__}
+                    "dtype": "float16", "grid": [8, 8], "num_images": 16, "code_version": __version__,
+                    "checked_finite": True}
     assert fp == {"format": CACHE_FORMAT, "code_version": __version__, "encoder": CFG, "dim": D,
                   "weights_sha256": weights_digest(encoder), "transform": repr(encoder.transform())}
     assert fp == fingerprint(encoder, OmegaConf.create(CFG))  # a DictConfig gives the same fingerprint
@@ -261,9 +262,9 @@ def test_grids_npy_must_be_what_meta_and_index_describe_before_it_is_mapped(reco
     meta_path.write_text(json.dumps({**meta, "fingerprint": {**meta["fingerprint"], "dim": 10**9}}))
     refused(rf"describe {n}x64x1000000000 float16")
     meta_path.write_text(json.dumps({**meta, "dtype": "no-such-type"}))
-    refused("name an unknown dtype .no-such-type.")
+    refused("meta.json gives \"dtype\" 'no-such-type', not the name of a float type")
     meta_path.write_text(json.dumps({**meta, "grid": ["8", "8"]}))
-    refused("does not give a grid and a dimension")
+    refused("meta.json gives \"grid\" \\['8', '8'\\], not two positive integers")
     grids_path.write_bytes(good[:-10])
     refused(r"is \d+ bytes but its header describes \d+ .* truncated")
     grids_path.write_bytes(b"\x93NUMPY garbage")

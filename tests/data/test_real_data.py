@@ -14,6 +14,7 @@ import torchvision
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
+from captioning.base.lock import LOCK_NAME, FolderInUseError, FolderLock
 from captioning.data.coco_captions import read_coco_captions
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.features import FeatureCache
@@ -221,6 +222,16 @@ def test_mismatched_or_incomplete_cache_is_refused(tmp_path):
         FeatureCache.open(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="set dataset.features=PATH"):
         extract(_compose("extract_features", *data, *TINY))
+
+
+def test_a_second_extraction_into_a_cache_in_use_is_refused(tmp_path):
+    data = make_dataset(tmp_path / "data", "karpathy")
+    cfg = _compose("extract_features", *data, *TINY, f"dataset.features={tmp_path / 'features'}")
+    with FolderLock(tmp_path / "features", "feature extraction"):  # another extraction holds the folder
+        with pytest.raises(FolderInUseError, match=r"features is in use by another feature extraction \(PID \d+\)"):
+            extract(cfg)
+        assert [p.name for p in (tmp_path / "features").iterdir()] == [LOCK_NAME]  # nothing written
+    assert len(extract(cfg)) == 12  # its own lock file does not make the folder "not a feature cache"
 
 
 def test_interrupted_extraction_resumes_where_it_stopped(tmp_path, monkeypatch):
