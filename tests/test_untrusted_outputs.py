@@ -258,3 +258,23 @@ def test_a_thin_strip_is_refused_before_an_encoder_resize_makes_it_a_bomb(tmp_pa
         load_image(tmp_path / "strip.png")
     Image.new("RGB", (400, 2), "red").save(tmp_path / "banner.png")  # 200:1 is still an image
     assert load_image(tmp_path / "banner.png").size == (400, 2)
+
+
+@pytest.mark.integration
+def test_the_console_command_writes_hydra_files_and_log_in_place_of_planted_links(shapes_json, tmp_path):
+    ckpt = _checkpoint(tmp_path, shapes_json.parent, shapes_json, **{"seed": 1, "num_train": 48, "num_val": 12,
+                                                                     "num_test": 12})
+    target = tmp_path / "target.txt"
+    target.write_text("precious")
+    out = tmp_path / "eval"
+    (out / ".hydra").mkdir(parents=True)
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "evaluate.log", "metrics.json"):
+        (out / name).symlink_to(target)
+    run = subprocess.run([str(Path(sys.executable).parent / "captioning-evaluate"), f"checkpoint={ckpt}",
+                          f"hydra.run.dir={out}", "eval.metrics=[bleu]", "eval.max_len=3", "device=cpu"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert target.read_text() == "precious"
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "evaluate.log", "metrics.json"):
+        assert (out / name).is_file() and not (out / name).is_symlink()
+    assert "checkpoint:" in (out / ".hydra" / "config.yaml").read_text()
