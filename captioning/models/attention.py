@@ -34,11 +34,12 @@ class AttentionOutput:
     log_prob: torch.Tensor | None = None  # (N,) log p(s_t | a) of a sampled region
     entropy: torch.Tensor | None = None  # (N,) H(alpha_t)
     index: torch.Tensor | None = None  # (N,) the sampled / chosen region
+    heads: torch.Tensor | None = None  # (N, H, L) each head's weights (multi-head attention; alpha is their mean)
 
     def select(self, rows: torch.Tensor) -> AttentionOutput:
         """The outputs of these rows (n,) only."""
         pick = [None if x is None else x.index_select(0, rows)
-                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index)]
+                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index, self.heads)]
         return AttentionOutput(*pick)  # type: ignore[arg-type]
 
 
@@ -100,18 +101,34 @@ class Attention(nn.Module):
         raise NotImplementedError
 
 
+def _key_layers(attention_dim: int, layers: int) -> nn.Sequential:
+    """`layers` further layers k <- tanh(W_l k + b_l) (A x A each) on the projected annotations."""
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(attention_dim, attention_dim), nn.Tanh()]
+    return nn.Sequential(*mods)
+
+
 class SoftAttention(Attention):
-    """The paper's deterministic attention: e_ti = w^T tanh(W_a a_i + W_h h_{t-1} + b), z_t = sum_i alpha_ti a_i."""
+    """The paper's deterministic attention: e_ti = w^T tanh(W_a a_i + W_h h_{t-1} + b), z_t = sum_i alpha_ti a_i.
+
+    `attention_layers` > 1 is arctic-captions' deeper attention MLP (`n_layers_att`, 2 in its COCO script,
+    `evaluate_coco.py:L60`): each further layer maps the keys k_i = W_a a_i + b through tanh(W_l k_i + b_l)
+    (`capgen.py:L356-362`), once per image in `prepare`, so the per-step score is unchanged.
+    """
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128):
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128, attention_layers: Size = 1):
         super().__init__(annotation_dim, hidden_dim)
         self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
         self.w = nn.Linear(attention_dim, 1)
+        # Created last, and only when asked for: W_a, W_h and w draw the same initial values either way.
+        self.key_mlp = _key_layers(attention_dim, attention_layers - 1) if attention_layers > 1 else None
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        return self.W_a(a)  # (B, L, A): computed once per image, not once per step
+        keys = self.W_a(a)  # (B, L, A): computed once per image, not once per step
+        return keys if self.key_mlp is None else self.key_mlp(keys)  # (B, L, A)
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Unnormalised e_t (N, L) from keys (B, L, A) and h (N, n)."""
@@ -133,9 +150,9 @@ class HardAttention(SoftAttention):
     TEST_MODES: tuple[str, ...] = typing.get_args(TestMode)
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128,
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128, attention_layers: Size = 1,
                  expected_context_prob: Probability = 0.75, test_mode: TestMode = "expectation"):
-        super().__init__(annotation_dim, hidden_dim, attention_dim)
+        super().__init__(annotation_dim, hidden_dim, attention_dim, attention_layers)
         self.expected_context_prob, self.test_mode = expected_context_prob, test_mode
         self.sample_this_batch = True
 

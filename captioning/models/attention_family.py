@@ -267,4 +267,5 @@ class MultiHeadAttention(Attention):
         weights = masked_softmax(scores, None if mask is None else mask[:, None, None])  # (B, H, r, L)
         heads = torch.matmul(weights, v)  # (B, H, r, L) @ (B, H, L, d_k) -> (B, H, r, d_k)
         context = self.W_o(heads.transpose(1, 2).reshape(N, H * dk))  # (B, r, H * d_k) -> (N, D)
-        return AttentionOutput(context, weights.mean(dim=1).reshape(N, L))  # alpha (N, L): mean over heads
+        alpha = weights.mean(dim=1).reshape(N, L)  # (N, L): the mean over heads
+        return AttentionOutput(context, alpha, heads=weights.transpose(1, 2).reshape(N, H, L))  # heads (N, H, L)

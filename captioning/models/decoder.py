@@ -7,12 +7,18 @@ share its a and keys (no copies), the recurrent projection's weight gradient is 
 (`fused.UnrolledLSTM`), and given the captions' lengths each step runs only the captions still running
 (`captioning.models.packing`). tests/models/test_fast_path.py checks that both give the same logits, losses and
 gradients.
+
+The paper presets switch on what arctic-captions adds to the paper (experiments/README.md, "Fidelity"): dropout on
+h_t before the deep output (`hidden_dropout`) and on the init MLP's hidden layer (`init_dropout`), and that hidden
+layer's ReLU (`init_activation`). At their defaults they add no module and draw no random number.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -24,6 +30,7 @@ from captioning.models.packing import StepPlan
 from captioning.models.rows import images_and_rows, plain_rows, repeat_rows
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # h (N, n), c (N, n), previous alpha (N, L)
+InitActivation = Literal["tanh", "relu"]  # the init MLP's hidden layers
 
 
 @dataclass
@@ -37,24 +44,33 @@ class DecoderOutput:
     entropies: torch.Tensor | None = None  # (N, T) H(alpha_t) (hard attention)
 
 
-def _mlp(in_dim: int, out_dim: int, layers: int) -> nn.Module:
-    """A tanh MLP with `layers` linear layers (the authors' COCO model uses 2 for the state init)."""
+def _mlp(in_dim: int, out_dim: int, layers: int, *, activation: InitActivation = "tanh",
+         dropout: float = 0.0) -> nn.Module:
+    """An MLP of `layers` linear layers (in_dim -> in_dim -> ... -> out_dim): each hidden layer followed by
+    `activation`, then dropout when `dropout` > 0. The authors' COCO state init: 2 layers, ReLU, dropout 0.5
+    (`capgen.py:L626-631`)."""
     mods: list[nn.Module] = []
     for _ in range(layers - 1):
-        mods += [nn.Linear(in_dim, in_dim), nn.Tanh()]
+        act: nn.Module = nn.Tanh() if activation == "tanh" else nn.ReLU()
+        if dropout > 0:  # in the activation's slot: the linears' state-dict keys do not depend on the rate
+            act = nn.Sequential(act, nn.Dropout(dropout))
+        mods += [nn.Linear(in_dim, in_dim), act]
     return nn.Sequential(*mods, nn.Linear(in_dim, out_dim))
+
+
+def mean_annotation(a: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean_i a_i over the valid regions (N, D) of a (N, L, D), and alpha uniform over them (N, L)."""
+    if mask is None:
+        return a.mean(dim=1), a.new_full(a.shape[:2], 1.0 / a.shape[1])  # (N, D), (N, L)
+    m = mask.unsqueeze(-1).to(a.dtype)  # (N, L, 1)
+    mean = (a * m).sum(1) / m.sum(1).clamp(min=1)  # (N, D)
+    return mean, mask.to(a.dtype) / mask.sum(1, keepdim=True).clamp(min=1)  # (N, D), (N, L)
 
 
 def annotation_state(a: torch.Tensor, mask: torch.Tensor | None, init_h: nn.Module | None,
                      init_c: nn.Module | None, hidden_dim: int) -> State:
     """h_0, c_0 = tanh(f_init(mean_i a_i)) (zeros without f_init); the previous alpha is uniform over valid regions."""
-    if mask is None:
-        mean = a.mean(dim=1)  # (N, D)
-        alpha0 = a.new_full(a.shape[:2], 1.0 / a.shape[1])  # (N, L)
-    else:
-        m = mask.unsqueeze(-1).to(a.dtype)  # (N, L, 1)
-        mean = (a * m).sum(1) / m.sum(1).clamp(min=1)  # (N, D)
-        alpha0 = mask.to(a.dtype) / mask.sum(1, keepdim=True).clamp(min=1)  # (N, L)
+    mean, alpha0 = mean_annotation(a, mask)  # (N, D), (N, L)
     if init_h is None or init_c is None:
         zeros = a.new_zeros(a.shape[0], hidden_dim)  # (N, n)
         return zeros, zeros.clone(), alpha0
@@ -70,35 +86,58 @@ def plain_output(logits: torch.Tensor, atts: list[AttentionOutput], betas: list[
 
 
 class ShowAttendTellDecoder(nn.Module):
-    """LSTM decoder of Xu et al. (2015) with pluggable attention."""
+    """LSTM decoder of Xu et al. (2015) with pluggable attention.
+
+    `dropout` acts after the deep output's tanh, `hidden_dropout` on h_t where it enters the deep output (the
+    recurrence keeps h_t), `init_dropout` after each hidden layer of the init MLPs, whose activation is
+    `init_activation` (arctic-captions, `capgen.py`: L674-675, L685-686, L630-631 and the ReLU of L627-629).
+    """
 
     rows_share_images = True  # step() takes a, keys, mask per image with k state rows each (see decoding.py)
 
     @constrained
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
                  embed_dim: Size = 64, hidden_dim: Size = 256, init_layers: Size = 1,
-                 selector: bool = True, dropout: DropoutRate = 0.1, init_from_annotations: bool = True):
+                 selector: bool = True, dropout: DropoutRate = 0.1, init_from_annotations: bool = True,
+                 hidden_dropout: DropoutRate = 0.0, init_dropout: DropoutRate = 0.0,
+                 init_activation: InitActivation = "tanh"):
         super().__init__()
         self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
         self.attention = attention(annotation_dim=annotation_dim, hidden_dim=hidden_dim)
         self.embed = nn.Embedding(vocab_size, embed_dim)
         # The paper initialises h_0, c_0 from the mean annotation; zeros is an ablation that makes every bit of
         # image information reach the decoder through attention.
-        self.init_h = _mlp(annotation_dim, hidden_dim, init_layers) if init_from_annotations else None
-        self.init_c = _mlp(annotation_dim, hidden_dim, init_layers) if init_from_annotations else None
+        init = functools.partial(_mlp, annotation_dim, hidden_dim, init_layers, activation=init_activation,
+                                 dropout=init_dropout)
+        self.init_h = init() if init_from_annotations else None
+        self.init_c = init() if init_from_annotations else None
+        # With dropout in the init MLPs each caption draws its own mask (arctic-captions: each its own image copy).
+        self.init_draws = init_from_annotations and init_layers > 1 and init_dropout > 0
         self.selector = nn.Linear(hidden_dim, 1) if selector else None  # beta_t, a scalar gate
         self.lstm = nn.LSTMCell(embed_dim + annotation_dim, hidden_dim)
         self.L_h = nn.Linear(hidden_dim, embed_dim)
         self.L_z = nn.Linear(annotation_dim, embed_dim)
         self.L_o = nn.Linear(embed_dim, vocab_size)
         self.dropout = nn.Dropout(dropout)
+        self.hidden_dropout = nn.Dropout(hidden_dropout) if hidden_dropout > 0 else None  # none at p = 0: no draws
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> State:
         """h_0, c_0 = tanh(f_init(mean_i a_i)) (or zeros); the previous alpha starts uniform over valid regions."""
         return annotation_state(a, mask, self.init_h, self.init_c, self.hidden_dim)
 
+    def init_rows(self, a: torch.Tensor, mask: torch.Tensor | None, k: int) -> State:
+        """`init_state` for k rows per image of a (B, L, D): computed once per image and repeated (N = B k rows),
+        unless the init MLPs drop units in training: then every row draws its own mask, as `forward_plain` does."""
+        if k == 1 or not (self.training and self.init_draws):
+            return repeat_rows(self.init_state(a, mask), k)
+        assert self.init_h is not None and self.init_c is not None
+        mean, alpha0 = repeat_rows(mean_annotation(a, mask), k)  # (N, D), (N, L)
+        return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)), alpha0  # (N, n), (N, n), (N, L)
+
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Deep output: logits = L_o(dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))."""
+        """Deep output: logits = L_o(dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t))), h_t through `hidden_dropout`."""
+        if self.hidden_dropout is not None:
+            h = self.hidden_dropout(h)  # (..., n): on the output's copy of h_t only, as capgen.py:L674-675
         return self.L_o(self.dropout(torch.tanh(emb + self.L_h(h) + self.L_z(z))))
 
     def attend(self, a: torch.Tensor, keys: torch.Tensor, state: State,
@@ -131,7 +170,7 @@ class ShowAttendTellDecoder(nn.Module):
         a, keys, mask, k = images_and_rows(a, keys, mask, image_index)
         plan = StepPlan.of(lengths, a.shape[0], k, captions.shape[1] - 1)
         a, keys, mask = plan.order_images(a, keys, mask)  # images by longest caption, longest first
-        h, c, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n), (N, n), (N, L)
+        h, c, prev_alpha = self.init_rows(a, mask, k)  # (N, n), (N, n), (N, L)
         a = autocast_input(a)  # bf16/fp16: cast once, not at every step
         emb, emb_out = plan.embed(self.embed, captions[:, :-1])  # (sum_t n_t, m) step-major; per token
         lstm = UnrolledLSTM(self.lstm, emb, plan.counts)

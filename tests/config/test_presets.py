@@ -60,6 +60,21 @@ def test_defaults_keep_this_projects_normalisation():
     rc = cfg.objective
     assert cfg.dataset.batch_unit == "images" and rc.attention_reduction == "caption_mean"
     assert (rc.reward, rc.reduction, rc.doubly_stochastic, rc.every_batch) == ("sum", "mean", True, False)
+    dc = cfg.decoder  # and this project's decoder: none of arctic-captions' additions
+    assert (cfg.attention.attention_layers, dc.init_layers, dc.init_activation) == (1, 1, "tanh")
+    assert (dc.dropout, dc.hidden_dropout, dc.init_dropout) == (0.1, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("preset", PAPER)
+def test_the_decoder_is_arctic_captions_coco_model(preset):
+    """evaluate_coco.py:L57-63 (the only released script; the Flickr presets reuse it) and capgen.py's dropout."""
+    cfg = _compose(f"experiment={preset}")
+    dc = cfg.decoder
+    assert (dc.embed_dim, dc.hidden_dim, cfg.attention.attention_dim) == (512, 1800, 512)  # L57-59
+    assert cfg.attention.attention_layers == 2  # n_layers_att, L60: tanh(W k + b) on the keys, capgen.py:L357-362
+    assert (dc.init_layers, dc.init_activation) == (2, "relu")  # n_layers_init, L63; capgen.py:L627-629
+    # use_dropout (L73): after the deep output's tanh, on h_t before it, on the init MLP's hidden layer
+    assert (dc.dropout, dc.hidden_dropout, dc.init_dropout) == (0.5, 0.5, 0.5)  # capgen.py:L685, L674, L630
 
 
 def _authors_rmsprop(grads, lr=1e-4):
