@@ -19,7 +19,7 @@ from captioning.data.features import open_features
 from captioning.evaluation.split import EvalSettings, evaluate_split, load_instances
 from captioning.factory.checkpoints import load_model
 from captioning.factory.datasets import build_datasets
-from captioning.models.captioner import compile_decoding
+from captioning.models.captioner import compile_decoding, select_attention_map
 from captioning.runtime import CONF_DIR, resolve_device
 
 PROG = "captioning-evaluate"
@@ -42,6 +42,7 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
     compile_decoding(model, bool(cfg.eval.get("compile", False)))
+    select_attention_map(model, cfg.eval.get("attention_layer"), cfg.eval.get("attention_head"))
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
     features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])

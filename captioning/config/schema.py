@@ -85,6 +85,8 @@ class EvalConfig(TypedDict):
     report: bool  # write report.html and attention.npz
     compile: NotRequired[bool]  # torch.compile the decoding step
     instances: str | None  # COCO instances file for mask-based attention correctness
+    attention_layer: NotRequired[int | None]  # decoder=transformer: the cross-attention layer figures read
+    attention_head: NotRequired[Annotated[int | None, Range(ge=0)]]  # ... and one head of it (null: their mean)
 
 
 class TrainerConfig(TypedDict):

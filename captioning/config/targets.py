@@ -27,6 +27,7 @@ import torch
 from captioning.base.constraints import Constraint, OneOf, Problem, Range, choose_one
 from captioning.base.signature import argument_problems
 from captioning.factory import registry
+from captioning.training import schedule
 
 # config key -> (module, base class, arguments the trainer passes itself); such groups are built later (_partial_).
 TORCH_GROUPS: dict[str, tuple[Any, type, tuple[str, ...]]] = {
@@ -38,17 +39,23 @@ POLICY: dict[str, dict[str, Constraint]] = {
               "alpha": Range(ge=0, lt=1), "momentum": Range(ge=0, lt=1), "dampening": Range(ge=0, le=1)},
     "scheduler": {"factor": Range(gt=0, lt=1), "patience": Range(ge=0), "threshold": Range(ge=0),
                   "cooldown": Range(ge=0), "min_lr": Range(ge=0), "step_size": Range(ge=1), "gamma": Range(gt=0, le=1),
-                  "T_max": Range(ge=1), "eta_min": Range(ge=0)},
+                  "T_max": Range(ge=1), "eta_min": Range(ge=0), "warmup_steps": Range(ge=1)},
     # Every metric trainer.monitor may name is higher-is-better.
     "scheduler.ReduceLROnPlateau": {"mode": OneOf("max")},
 }
 
 
+# This project's own classes of a torch group (a per-step warm-up schedule).
+OWN_CLASSES: dict[str, dict[str, type]] = {
+    "scheduler": {"captioning.training.schedule.InverseSqrtWarmup": schedule.InverseSqrtWarmup}}
+
+
 def torch_classes(key: str) -> dict[str, type]:
-    """The classes a torch group may name, by `_target_` (e.g. 'torch.optim.Adam')."""
+    """The classes a torch group may name, by `_target_` (e.g. 'torch.optim.Adam'), and this project's own."""
     module, base, _ = TORCH_GROUPS[key]
-    return {f"{module.__name__}.{n}": c for n, c in vars(module).items()
-            if isinstance(c, type) and issubclass(c, base) and c is not base and not n.startswith("_")}
+    return {**{f"{module.__name__}.{n}": c for n, c in vars(module).items()
+               if isinstance(c, type) and issubclass(c, base) and c is not base and not n.startswith("_")},
+            **OWN_CLASSES.get(key, {})}
 
 
 def targets_at(key: str) -> tuple[Mapping[str, Callable[..., Any]], tuple[str, ...], str] | None:

@@ -43,13 +43,16 @@ class EvalSettings:
     report: bool = True  # report.html and attention.npz
     instances: str | None = None  # COCO instances file: attention correctness on its masks
     compile: bool = False  # decode through a compiled decoder step
+    attention_layer: int | None = None  # decoder=transformer: the cross-attention layer figures read (None: its own)
+    attention_head: int | None = None  # ... and one head of it (None: the decoder's choice)
 
     @classmethod
     def of(cls, ev: Any) -> EvalSettings:
         """From an `eval` config section (a DictConfig or a mapping)."""
         return cls(str(ev.split), int(ev.beam_size), int(ev.max_len), float(ev.length_penalty),
                    int(ev.batch_size), tuple(ev.metrics), int(ev.num_figures), bool(ev.get("report", True)),
-                   ev.get("instances") or None, bool(ev.get("compile", False)))
+                   ev.get("instances") or None, bool(ev.get("compile", False)), ev.get("attention_layer"),
+                   ev.get("attention_head"))
 
 
 Decode = Callable[[Captioner, CaptionDataset, EvalSettings], "Sequence[Prediction] | None"]

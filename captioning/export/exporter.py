@@ -59,19 +59,34 @@ def _os_error(err: BaseException) -> OSError | None:
     return seen
 
 
-def _dynamic(name: str, state_count: int) -> dict[str, Any]:
-    """torch.export's dynamic shapes of a graph's inputs: the first dim (the row) of every one, one shared size."""
-    rows = torch.export.Dim("rows", min=1)
+def _dynamic(name: str, growing: list[list[int]]) -> dict[str, Any]:
+    """torch.export's dynamic shapes of a graph's inputs: the first dim (the row) of every one, one shared size, and
+    the dims of state tensors that grow by a position each step (`growing`, per state tensor: a Transformer's cache)."""
+    rows, positions = torch.export.Dim("rows", min=1), torch.export.Dim("positions", min=0)
     if name == "encoder":
         return {"images": {0: rows}}
     if name == "init":
         return {"a": {0: rows}}
-    state = tuple({0: rows} for _ in range(state_count))
+    state = tuple({0: rows, **{d: positions for d in dims}} for dims in growing)
     return {"words": {0: rows}, "a": {0: rows}, "keys": {0: rows}, "state": state}
 
 
+def _grown(model: Captioner, state: Any, a: torch.Tensor, keys: torch.Tensor) -> tuple[Any, list[list[int]]]:
+    """The example state for tracing the step, and the dims of each state tensor that grow with the steps.
+
+    A state that keeps its shape is traced as it starts. One that grows (a key/value cache (N, H, t, d_k)) starts
+    with t = 0, a size torch.export would fix: it is traced after EXAMPLE_ROWS steps, its t declared dynamic."""
+    words = torch.full((a.shape[0],), Vocabulary.start_id, dtype=torch.long)
+    later = state
+    for _ in range(EXAMPLE_ROWS):
+        later = model.decoder.step(words, later, a, keys, None)[1]
+    start, end = flatten_state(state)[0], flatten_state(later)[0]
+    growing = [[d for d in range(1, x.dim()) if x.shape[d] != y.shape[d]] for x, y in zip(start, end)]
+    return (later if any(growing) else state), growing
+
+
 def _write(backend: str, module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, name: str,
-           names: dict[str, list[str]], optimize: bool = True) -> None:
+           names: dict[str, list[str]], growing: list[list[int]], optimize: bool = True) -> None:
     """One graph: torch.onnx's dynamo exporter, or torch.jit.trace (whose sizes read from tensors stay dynamic).
 
     Their chatter is silenced: progress lines, the warning that every input's row dim shares one name, TorchScript's
@@ -86,7 +101,7 @@ def _write(backend: str, module: torch.nn.Module, args: tuple[torch.Tensor, ...]
                 torch.jit.save(traced, f)
             return
         torch.onnx.export(module, args, str(path), dynamo=True, input_names=names["inputs"],
-                          output_names=names["outputs"], dynamic_shapes=_dynamic(name, len(args) - 3),
+                          output_names=names["outputs"], dynamic_shapes=_dynamic(name, growing),
                           external_data=False, verbose=False, optimize=optimize)
 
 
@@ -96,13 +111,15 @@ def _graphs(model: Captioner, images: torch.Tensor) -> tuple[dict[str, Any], dic
         a, grid = model.encode(images)  # (B, L, D)
         keys = model.decoder.attention.prepare(a, grid)
         state = model.decoder.init_state(a, None)
+        example, growing = _grown(model, state, a, keys)
     leaves, tree = flatten_state(state)
     words = torch.full((a.shape[0],), Vocabulary.start_id, dtype=torch.long)
     modules = {"encoder": (EncoderGraph(model).eval(), (images,)),
                "init": (InitGraph(model, grid).eval(), (a,)),
-               "step": (StepGraph(model, state).eval(), (words, a, keys, *leaves))}
+               "step": (StepGraph(model, state).eval(), (words, a, keys, *flatten_state(example)[0]))}
     shapes = {"grid": list(grid), "annotation_dim": int(a.shape[2]), "keys_shape": list(keys.shape[1:]),
-              "state": {"count": len(leaves), "tree": tree, "shapes": [list(x.shape[1:]) for x in leaves]}}
+              "state": {"count": len(leaves), "tree": tree, "shapes": [list(x.shape[1:]) for x in leaves]},
+              "growing": growing}
     return modules, shapes
 
 
@@ -157,11 +174,12 @@ def _write_all(model: Captioner, vocab: Vocabulary, folder: Path, backend: str, 
     """Write the three graphs and the manifest into `folder` and check them; returns the file names (manifest last)."""
     steps, size = input_size(model, image_size)
     modules, shapes = _graphs(model, torch.randn(EXAMPLE_ROWS, 3, *size, generator=torch.Generator().manual_seed(0)))
+    growing = shapes.pop("growing")
     names = graph_names(shapes["state"]["count"])
     files = {name: f"{name}{SUFFIX[backend]}" for name in names}
     for name, (module, args) in modules.items():
         try:
-            _write(backend, module, args, folder / files[name], name, names[name], optimize)
+            _write(backend, module, args, folder / files[name], name, names[name], growing, optimize)
         except ImportError as err:
             raise ValueError(f"exporting to {backend} needs {err.name or 'a missing package'}: pip install onnx "
                              "onnxscript onnxruntime (the project's 'export' extra)") from err

@@ -42,6 +42,8 @@ from captioning.models.attention_family import (
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
 from captioning.models.luong_decoder import LuongDecoder
+from captioning.models.transformer_decoder import TransformerDecoder
+from captioning.models.updown_decoder import UpDownDecoder
 from captioning.training.objectives import CrossEntropy, SelfCritical
 
 ENCODERS: dict[str, type[Encoder]] = {
@@ -62,6 +64,8 @@ ATTENTIONS: dict[str, type[nn.Module]] = {
 DECODERS: dict[str, type[nn.Module]] = {
     "captioning.models.decoder.ShowAttendTellDecoder": ShowAttendTellDecoder,
     "captioning.models.luong_decoder.LuongDecoder": LuongDecoder,
+    "captioning.models.updown_decoder.UpDownDecoder": UpDownDecoder,
+    "captioning.models.transformer_decoder.TransformerDecoder": TransformerDecoder,
 }
 # `dataset.generate` of a data set the project makes itself (a checkpoint's dataset section may name it).
 DATASET_GENERATORS: dict[str, Callable[..., Any]] = {

@@ -16,7 +16,7 @@ from captioning.evaluation.split import EvalSettings, load_instances
 from captioning.factory import registry
 from captioning.factory.datasets import build_datasets
 from captioning.factory.models import build_captioner, build_encoder, model_config
-from captioning.models.captioner import compile_decoding
+from captioning.models.captioner import compile_decoding, select_attention_map
 from captioning.runtime import resolve_device
 from captioning.training import distributed, precision
 from captioning.training.objectives import CrossEntropy
@@ -61,6 +61,7 @@ def build_run(cfg: DictConfig) -> RunParts:
     objective.prepare(data["train"])  # objective=scst: the reward's references, tokenized once
     model = build_captioner(spec, len(vocab), encoder).to(device)
     compile_decoding(model, ev.compile)  # validation and test decoding
+    select_attention_map(model, ev.attention_layer, ev.attention_head)  # decoder=transformer: which map figures show
     if distributed.world_size() > 1 and device.type == "cuda":  # BatchNorm statistics of the global batch
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the

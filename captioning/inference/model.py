@@ -29,7 +29,7 @@ from PIL import Image
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
 from captioning.factory.checkpoints import load_model
-from captioning.models.captioner import Captioner, selects_regions
+from captioning.models.captioner import Captioner, select_attention_map, selects_regions
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
 from captioning.runtime import resolve_device
 
@@ -84,6 +84,11 @@ class CaptionModel:
         self.transform = model.encoder.transform()
         self.config: dict[str, Any] = checkpoint.get("config", {})
         self.marks_regions = selects_regions(model)
+
+    def select_attention_map(self, layer: int | None = None, head: int | None = None) -> None:
+        """decoder=transformer: caption with the map of cross-attention layer `layer` (-1: the last) and head
+        `head` (None: the mean over heads) as each word's attention; None for both keeps the checkpoint's choice."""
+        select_attention_map(self.model, layer, head)
 
     @overload
     def caption(self, images: ImageInput, beam_size: int = ..., max_len: int = ...,  # type: ignore[overload-overlap]

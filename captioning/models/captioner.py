@@ -101,3 +101,16 @@ def compile_decoding(model: Captioner, enabled: bool, backend: Any = "inductor")
 def selects_regions(model: Captioner) -> bool:
     """Whether the model's attention picks single regions (hard attention), so figures should mark them."""
     return isinstance(model.decoder.attention, HardAttention)
+
+
+def select_attention_map(model: Captioner, layer: int | None = None, head: int | None = None) -> None:
+    """Which cross-attention map decoding returns as each word's alpha (figures, reports, attention correctness):
+    layer `layer` (-1: the last), head `head` (None: the mean over heads). None for both keeps the decoder's own
+    choice; only a decoder with layers of cross-attention (decoder=transformer) takes either."""
+    if layer is None and head is None:
+        return
+    select = getattr(model.decoder, "select_map", None)
+    if select is None:
+        raise ValueError(f"an attention map layer or head applies to decoder=transformer only; this checkpoint's "
+                         f"{type(model.decoder).__name__} has one map per word (leave them unset)")
+    select(model.decoder.map_layer if layer is None else layer, head)

@@ -122,9 +122,11 @@ def caption_run(args: argparse.Namespace) -> int:
         writable_dir(args.figures)
     sources = _sources(args)  # every path checked before the model is loaded
     model = load(args.checkpoint, args.device)
+    model.select_attention_map(args.attention_layer, args.attention_head)
     options = {"beam_size": args.beam_size, "max_len": args.max_len, "alternatives": args.alternatives}
+    maps = {k: v for k in ("attention_layer", "attention_head") if (v := getattr(args, k)) is not None}
     settings = {"checkpoint": str(Path(args.checkpoint).resolve()), "checkpoint_sha256": file_sha256(args.checkpoint),
-                **options}
+                **options, **maps}
     log = CaptionLog(args.jsonl, settings, args.resume) if args.jsonl else None
     earlier = {s.key for s in sources} & set(log.done) if log else set()
     todo = [s for s in sources if s.key not in earlier]
@@ -181,6 +183,11 @@ def _alternatives(text: str) -> int:
     return value
 
 
+def _head(text: str) -> int:
+    """argparse type: a head number, 0 or more."""
+    return positive_int(text) if text.strip() != "0" else 0
+
+
 def parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Caption images with a trained checkpoint: image files, folders "
                        "(searched recursively), --list files of paths, or a data set's split (--annotations).",
@@ -210,6 +217,10 @@ def parser() -> ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run recorded in --jsonl")
     p.add_argument("--figures", "--out", type=Path, help="write each image's attention figure into this folder "
                    "(--out: its earlier name)")
+    p.add_argument("--attention-layer", type=int, metavar="I", help="decoder=transformer: the cross-attention "
+                   "layer whose map figures show (-1: the last; default: the checkpoint's decoder.map_layer)")
+    p.add_argument("--attention-head", type=_head, metavar="J", help="decoder=transformer with attention=multihead: "
+                   "one head's map instead of the mean over heads")
     p.add_argument("--device", default="auto")
     return p
 

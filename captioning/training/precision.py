@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
+
+from captioning.training import schedule
 
 # trainer.precision -> the autocast dtype of the forward pass (None: plain float32, no autocast).
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -53,7 +56,7 @@ def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
 
 def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
                    parameters: Iterable[torch.nn.Parameter], grad_clip: float | None,
-                   loss_finite: bool = True) -> str | None:
+                   loss_finite: bool = True, scheduler: Any = None) -> str | None:
     """Backward (DDP averages gradients over the ranks here), clipping to `grad_clip` (if set) and one step of
     `optimizer`; with a scaler (fp16) the loss is scaled and the step skipped when the gradients overflowed.
 
@@ -62,6 +65,7 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler:
     are left as they were; the return value says which ("loss" or "gradient norm"), None when the step was taken.
     With a scaler an overflowing gradient is the scaler's business (it skips the step and lowers its scale), not a
     skipped step here. Backward always runs, so that under DDP every rank takes part in its gradient all-reduce.
+    A per-step learning-rate schedule (warm-up) steps after each step taken.
     """
     optimizer.zero_grad(set_to_none=True)
     (loss if scaler is None else scaler.scale(loss)).backward()
@@ -80,4 +84,5 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler:
     else:
         scaler.step(optimizer)  # skipped when the scaled gradients overflowed
         scaler.update()
+    schedule.after_optimizer_step(scheduler)
     return None

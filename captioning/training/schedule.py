@@ -1,4 +1,5 @@
-"""The learning-rate schedule's step at the end of an epoch (conf/scheduler/), and a learning rate changed on resume."""
+"""The learning-rate schedule's step at the end of an epoch (conf/scheduler/) or after every optimizer step (a warm-up
+schedule), and a learning rate changed on resume."""
 
 from __future__ import annotations
 
@@ -13,8 +14,39 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+class InverseSqrtWarmup(torch.optim.lr_scheduler.LRScheduler):
+    """Vaswani et al.'s warm-up (ruotianluo's NoamOpt), stepped after every optimizer step s = 1, 2, ...:
+
+        lr(s) = optim.lr * min(s / warmup_steps, sqrt(warmup_steps / s))
+
+    a linear rise to optim.lr at s = warmup_steps, then decay as 1 / sqrt(s). NoamOpt's d_model^-0.5 *
+    min(s^-0.5, s warmup^-1.5) (factor 1) is this with optim.lr = (d_model warmup_steps)^-0.5: 3.125e-4 for
+    d_model 512 and 20000 steps (conf/experiment/coco_transformer.yaml).
+    """
+
+    per_step = True  # the trainer steps it after each optimizer step, not at epoch ends
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int, last_epoch: int = -1):
+        if warmup_steps < 1:
+            raise ValueError(f"scheduler.warmup_steps must be >= 1, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        s = self.last_epoch + 1  # the step the rate is for (1 at the first update)
+        factor = min(s / self.warmup_steps, math.sqrt(self.warmup_steps / s))
+        return [float(base) * factor for base in self.base_lrs]
+
+
+def after_optimizer_step(scheduler: Any) -> None:
+    """A per-step schedule's step after an optimizer step (an epoch schedule waits for the epoch's end)."""
+    if getattr(scheduler, "per_step", False):
+        scheduler.step()
+
+
 def step_schedule(scheduler: Any, score: float) -> None:
-    """One epoch's step: ReduceLROnPlateau takes the monitored validation score, an epoch schedule none.
+    """One epoch's step (none for a per-step schedule): ReduceLROnPlateau takes the monitored validation score, an
+    epoch schedule nothing.
 
     A score that is not finite (NaN: validation decoded nothing scorable) counts as no improvement: the plateau
     schedule gets its mode's worst value instead.
@@ -23,6 +55,8 @@ def step_schedule(scheduler: Any, score: float) -> None:
     made an optimizer step; torch then warns that a learning rate is skipped, but none is (the schedule's state came
     from the checkpoint; tests/training/test_resume.py ends such runs bit-identical), so that warning is not shown.
     """
+    if getattr(scheduler, "per_step", False):
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):

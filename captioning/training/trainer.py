@@ -165,7 +165,7 @@ class Trainer:
         loss. A non-finite loss (on any rank) or gradient norm skips the step: returns which, else None."""
         bad_loss = distributed.any_rank(not torch.isfinite(loss.detach()).item())
         return precision.optimizer_step(loss, self.optimizer, self.scaler, self.model.parameters(),
-                                        self.tc.grad_clip, loss_finite=not bad_loss)
+                                        self.tc.grad_clip, loss_finite=not bad_loss, scheduler=self.scheduler)
 
     def train_loader(self, start: int = 0) -> tuple[DataLoader, int]:
         """This epoch's shuffled training batches from batch `start` on, and the epoch's number of batches.

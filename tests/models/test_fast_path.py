@@ -21,6 +21,7 @@ from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 from captioning.models.luong_decoder import LuongDecoder
 from captioning.models.packing import StepPlan, prefix_lengths
+from captioning.models.updown_decoder import UpDownDecoder
 from captioning.runtime import CONF_DIR
 from captioning.training.scst.sampling import sample_captions
 
@@ -29,7 +30,8 @@ NAMES = sorted(p.stem for p in CONF.glob("*.yaml"))  # soft, hard, dot, general,
 SMALL = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "kernel_size": 3, "num_heads": 2, "head_dim": 4,
          "half_width": 2}
 V, D, GRID = 13, 10, (4, 5)
-DECODERS = ["sat", "luong", "luong_no_feeding"]
+DECODERS = ["sat", "luong", "luong_no_feeding", "updown"]
+OUTPUT_LAYER = {"sat": "L_o", "updown": "W_p"}  # each decoder's vocabulary projection (Luong's: W_s)
 
 
 def _decoder(kind: str, name: str, dropout: float = 0.0, **attention) -> torch.nn.Module:
@@ -40,6 +42,8 @@ def _decoder(kind: str, name: str, dropout: float = 0.0, **attention) -> torch.n
     torch.manual_seed(0)
     if kind == "sat":
         return ShowAttendTellDecoder(V, D, att, embed_dim=6, hidden_dim=7, dropout=dropout, init_layers=2)
+    if kind == "updown":  # the MLP init, so that gradients reach a through the initial state too
+        return UpDownDecoder(V, D, att, embed_dim=6, hidden_dim=7, dropout=dropout, init_from_annotations=True)
     return LuongDecoder(V, D, att, embed_dim=6, hidden_dim=7, dropout=dropout, input_feeding=kind == "luong")
 
 
@@ -159,7 +163,7 @@ class _CastsOf(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("kind", ["sat", "luong"])
+@pytest.mark.parametrize("kind", ["sat", "luong", "updown"])
 @pytest.mark.parametrize("name", ["soft", "dot", "multihead"])
 def test_bf16_casts_the_annotations_once_not_at_every_step(kind, name):
     dec = _decoder(kind, name).train()
@@ -343,7 +347,7 @@ def test_beam_search_on_shared_rows_equals_copied_rows(kind, name):
     dec = _decoder(kind, name).eval()
     a, mask, _ = _data(B=4, dtype=torch.float32)
     with torch.no_grad():
-        (dec.L_o if kind == "sat" else dec.W_s).bias[2] += 1.5  # some captions end before max_len
+        getattr(dec, OUTPUT_LAYER.get(kind, "W_s")).bias[2] += 1.5  # some captions end before max_len
     for k in (1, 3):
         fast = beam_search(dec, a, k, 8, mask=mask, grid=GRID)
         plain = beam_search(_Copies(dec), a, k, 8, mask=mask, grid=GRID)
@@ -416,7 +420,7 @@ def _sample_loss(s):
     return s.log_probs.sum() + (s.alphas * s.mask.unsqueeze(-1)).square().sum()
 
 
-@pytest.mark.parametrize("kind", ["sat", "luong"])
+@pytest.mark.parametrize("kind", ["sat", "luong", "updown"])
 @pytest.mark.parametrize("name", ["soft", "multihead", "hard"])
 def test_sampling_drops_finished_images_and_samples_the_rest_as_if_alone(kind, name, monkeypatch):
     monkeypatch.setattr(torch, "multinomial", _median_draw)  # each row's draw a function of its own distribution

@@ -1,0 +1,191 @@
+"""The Transformer's parts (Vaswani et al. 2017), pre-norm as in the Annotated Transformer that ruotianluo's
+TransformerModel builds on: each sub-layer computes x + dropout(sublayer(LayerNorm(x))), and a stack ends in a
+LayerNorm of its own.
+
+    SelfAttention     multi-head scaled dot-product attention of a sequence over itself (causal or padded keys),
+                      and one incremental step over a key/value cache
+    FeedForward       W_2 dropout(ReLU(W_1 x))
+    EncoderLayer      self-attention over the L regions, then feed-forward
+    DecoderLayer      masked self-attention over the words so far, cross-attention over the regions, feed-forward
+    AnnotationMemory  the decoder's `attention`: the annotations projected to d_model, the optional encoder stack,
+                      and each decoder layer's cross-attention with its keys prepared once per image
+
+The cross-attention of every decoder layer is an attention module of conf/attention/ (the `attention` group), built
+with annotation_dim = hidden_dim = d_model: attention=multihead is Vaswani's; soft, dot, general, concat and local
+scores fit too. Each is called with the rows of all positions of an image at once, (N T, d) queries for N captions of
+T words (k T consecutive rows per image), or (N, d) at one decoding step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from captioning.models.attention import Attention, AttentionOutput, HardAttention
+from captioning.models.attention_family import LocationAttention
+
+Cache = tuple[torch.Tensor, torch.Tensor]  # keys, values of the words so far: (N, H, t, d_k) each
+
+
+def sinusoid(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """Vaswani's positions: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...): (T,) -> (T, d)."""
+    i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)  # (d/2,)
+    angle = positions.float().unsqueeze(1) * torch.exp(i * (-math.log(10000.0) / d_model))  # (T, d/2)
+    pe = torch.stack([angle.sin(), angle.cos()], dim=2).flatten(1)  # (T, d/2, 2) -> sin, cos interleaved
+    return pe[:, :d_model]  # (T, d)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention: softmax(q k^T / sqrt(d_k)) v per head, heads concatenated, W_o."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
+        self.num_heads, self.dropout = num_heads, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (N, H, T, d_k) of x (N, T, d)."""
+        N, T, d = x.shape
+        q, k, v = self.qkv(x).view(N, T, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def _merge(self, heads: torch.Tensor) -> torch.Tensor:
+        """(N, H, T, d_k) -> W_o [head_1; ...; head_H] (N, T, d)."""
+        N, H, T, dk = heads.shape
+        return self.out(heads.transpose(1, 2).reshape(N, T, H * dk))
+
+    def forward(self, x: torch.Tensor, causal: bool = False, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (N, T, d): each position over every position (causal: over itself and those before it only;
+        key_mask (N, T): false at padded positions, which get no weight)."""
+        q, k, v = self._split(x)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (N, 1, 1, T)
+        p = self.dropout if self.training else 0.0
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal))
+
+    def step(self, x: torch.Tensor, cache: Cache) -> tuple[torch.Tensor, Cache]:
+        """One new position x (N, d) over the cached ones and itself: O(t) for t cached positions, not a re-run."""
+        q, k, v = self._split(x.unsqueeze(1))  # (N, H, 1, d_k) each
+        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (N, H, t + 1, d_k)
+        p = self.dropout if self.training else 0.0
+        return self._merge(F.scaled_dot_product_attention(q, k, v, dropout_p=p)).squeeze(1), (k, v)
+
+
+class FeedForward(nn.Module):
+    """W_2 dropout(ReLU(W_1 x + b_1)) + b_2."""
+
+    def __init__(self, d_model: int, ff_dim: int, dropout: float):
+        super().__init__()
+        self.w_1, self.w_2, self.dropout = nn.Linear(d_model, ff_dim), nn.Linear(ff_dim, d_model), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """x + SelfAttention(LN(x)), then x + FeedForward(LN(x)), over the L regions of each image."""
+
+    def __init__(self, d_model: int, num_heads: int, ff_dim: int, dropout: float):
+        super().__init__()
+        self.self_attn, self.ff = SelfAttention(d_model, num_heads, dropout), FeedForward(d_model, ff_dim, dropout)
+        self.norm1, self.norm2, self.dropout = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x (B, L, d), mask (B, L) false at padded regions."""
+        x = x + self.dropout(self.self_attn(self.norm1(x), key_mask=mask))
+        return x + self.dropout(self.ff(self.norm2(x)))
+
+
+class DecoderLayer(nn.Module):
+    """x + SelfAttention(LN(x)) (masked), x + CrossAttention(LN(x), regions), x + FeedForward(LN(x))."""
+
+    def __init__(self, d_model: int, num_heads: int, ff_dim: int, dropout: float):
+        super().__init__()
+        self.self_attn, self.ff = SelfAttention(d_model, num_heads, dropout), FeedForward(d_model, ff_dim, dropout)
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3))
+        self.dropout = nn.Dropout(dropout)
+
+    def cross(self, x: torch.Tensor, attend: Callable[[torch.Tensor], AttentionOutput]) -> tuple[torch.Tensor,
+                                                                                                AttentionOutput]:
+        """x + CrossAttention(LN(x)) and the attention's output, for x (..., d) with rows as `attend` takes them."""
+        att = attend(self.norms[1](x).reshape(-1, x.shape[-1]))  # (rows, d) queries
+        return x + self.dropout(att.context.view(x.shape)), att
+
+    def forward(self, x: torch.Tensor, attend: Callable[[torch.Tensor], AttentionOutput],
+                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, AttentionOutput]:
+        """Teacher forcing: x (N, T, d), every position at once (causal self-attention)."""
+        x = x + self.dropout(self.self_attn(self.norms[0](x), causal=True))
+        x, att = self.cross(x, attend)
+        return x + self.dropout(self.ff(self.norms[2](x))), att
+
+    def step(self, x: torch.Tensor, cache: Cache,
+             attend: Callable[[torch.Tensor], AttentionOutput]) -> tuple[torch.Tensor, Cache, AttentionOutput]:
+        """One position x (N, d) given the cached keys and values of the positions before it."""
+        y, cache = self.self_attn.step(self.norms[0](x), cache)
+        x, att = self.cross(x + self.dropout(y), attend)
+        return x + self.dropout(self.ff(self.norms[2](x))), cache, att
+
+
+def check_cross_attention(module: Attention) -> None:
+    """Refuse the attention types a Transformer layer cannot run in parallel over positions."""
+    if isinstance(module, HardAttention):
+        raise ValueError("decoder=transformer cannot use attention=hard: it samples one region per layer and step, "
+                         "which teacher forcing over all positions at once does not do; use attention=multihead "
+                         "(Vaswani's), soft, dot, general, concat or local")
+    if isinstance(module, LocationAttention):
+        raise ValueError("decoder=transformer cannot use attention=location: its score reads the previous step's "
+                         "map, which teacher forcing over all positions at once does not have; use attention="
+                         "multihead (Vaswani's), soft, dot, general, concat or local")
+
+
+class AnnotationMemory(nn.Module):
+    """The decoder's `attention`: what every step reads of the image, prepared once per image.
+
+    prepare(a, grid) -> keys (B, L, d + sum_i A_i): the memory m = Encoder(ReLU(W_a a + b)) (d_model wide; the
+    encoder stack is optional, `encoder_layers` = 0 leaves m = ReLU(W_a a + b)) followed by each decoder layer's
+    cross-attention keys prepared from m (A_i wide).
+    """
+
+    def __init__(self, annotation_dim: int, d_model: int, attention: Callable[..., Attention], num_layers: int,
+                 encoder_layers: int, num_heads: int, ff_dim: int, dropout: float):
+        super().__init__()
+        self.d_model = d_model
+        self.embed = nn.Sequential(nn.Linear(annotation_dim, d_model), nn.ReLU(), nn.Dropout(dropout))
+        self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, ff_dim, dropout) for _ in range(encoder_layers))
+        self.norm = nn.LayerNorm(d_model) if encoder_layers else None
+        cross = [attention(annotation_dim=d_model, hidden_dim=d_model) for _ in range(num_layers)]
+        for module in cross:
+            check_cross_attention(module)
+        with torch.no_grad():  # the width of each layer's keys (no random numbers drawn)
+            probe = torch.zeros(1, 1, d_model)
+            self.widths = [d_model, *(int(m.prepare(probe, (1, 1)).shape[-1]) for m in cross)]
+        self.cross = nn.ModuleList(cross)
+
+    def begin_batch(self) -> None:
+        """Nothing to draw per batch (the trainer calls this for hard attention)."""
+
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """keys (B, L, d + sum_i A_i) for annotations a (B, L, D): the memory, then each layer's keys of it."""
+        m = self.embed(a)  # (B, L, d)
+        for layer in self.encoder:
+            m = layer(m, mask)
+        if self.norm is not None:
+            m = self.norm(m)
+        return torch.cat([m, *(self.layer(i).prepare(m, grid) for i in range(len(self.cross)))], dim=-1)
+
+    def layer(self, i: int) -> Attention:
+        """Decoder layer i's cross-attention module."""
+        module = self.cross[i]
+        assert isinstance(module, Attention)
+        return module
+
+    def split(self, keys: torch.Tensor) -> list[torch.Tensor]:
+        """The memory (B, L, d) and each layer's keys (B, L, A_i) of `prepare`'s output."""
+        return list(keys.split(self.widths, dim=-1))

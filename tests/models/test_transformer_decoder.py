@@ -1,0 +1,199 @@
+"""decoder=transformer: shapes, maps, gradients, incremental decoding against full recomputation, decoding, overfit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures import TINY_MODEL
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from captioning.factory.models import build_captioner
+from captioning.losses import caption_loss
+from captioning.models.attention_family import grid_positions
+from captioning.models.decoding import beam_search, greedy_decode
+from captioning.models.transformer_decoder import TransformerDecoder
+from captioning.runtime import CONF_DIR
+
+CROSS = ["multihead", "soft", "dot", "general", "concat", "local"]  # the attention types a layer can run
+SMALL = {"attention_dim": 8, "num_heads": 2, "head_dim": 8, "half_width": 2}
+V = 12
+
+
+def _model(name: str = "multihead", **decoder):
+    """A tiny captioner: SmallCNN, conf/attention/<name>.yaml and conf/decoder/transformer.yaml shrunk."""
+    attention = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "attention" / f"{name}.yaml"))
+    attention = {k: SMALL.get(k, v) for k, v in attention.items()}
+    dec = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "decoder" / "transformer.yaml")).items()
+           if k != "defaults"}
+    dec = {**dec, "d_model": 16, "num_layers": 2, "num_heads": 2, "ff_dim": 24, "dropout": 0.0, **decoder}
+    torch.manual_seed(0)
+    return build_captioner({**TINY_MODEL, "attention": attention, "decoder": dec}, vocab_size=V)
+
+
+def _captions(N: int = 6, T: int = 7) -> torch.Tensor:
+    torch.manual_seed(1)
+    captions = torch.randint(4, V, (N, T))
+    captions[:, 0] = 1  # <start>
+    captions[0, 5:] = 0  # a padded caption
+    return captions
+
+
+def _annotations(B: int = 3):
+    """Annotations a (B, L, D) on a non-square (4, 5) grid, image 0 only 3 x 4 of it (the rest padded)."""
+    torch.manual_seed(2)
+    a = torch.relu(torch.randn(B, 20, 16))
+    mask = torch.ones(B, 20, dtype=torch.bool)
+    pos = grid_positions(4, 5)
+    mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
+    return a, mask, (4, 5)
+
+
+def _missing_gradients(model: torch.nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+
+
+def test_conf_decoder_transformer_selects_multihead_cross_attention():
+    model = _model()
+    assert isinstance(model.decoder, TransformerDecoder) and len(model.decoder.layers) == 2
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        chosen = compose("train", overrides=["decoder=transformer"])
+        asked = compose("train", overrides=["decoder=transformer", "attention=soft"])
+        sat = compose("train", overrides=["decoder=sat"])
+    assert chosen.attention._target_.endswith("MultiHeadAttention")
+    assert asked.attention._target_.endswith("SoftAttention") and sat.attention._target_.endswith("SoftAttention")
+
+
+@pytest.mark.parametrize("name", CROSS)
+def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
+    model = _model(name, encoder_layers=1)
+    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    out = model(torch.randn(3, 3, 32, 32), captions, idx)
+    N, T = 6, 6
+    assert out.logits.shape == (N, T, V) and out.alphas.shape == (N, T, 64) and out.betas.shape == (N, T)
+    torch.testing.assert_close(out.alphas.sum(-1), torch.ones(N, T))
+    assert (out.betas == 1).all() and out.log_probs is None
+    caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
+    assert not _missing_gradients(model)
+
+
+@pytest.mark.parametrize("name", ["hard", "location"])
+def test_attention_a_layer_cannot_run_in_parallel_is_refused(name):
+    with pytest.raises(ValueError, match=f"cannot use attention={name}"):
+        _model(name)
+
+
+@pytest.mark.parametrize("name", CROSS)
+@pytest.mark.parametrize("options", [{}, {"encoder_layers": 2, "tie_embeddings": True, "positions": "learned"}])
+def test_incremental_decoding_equals_full_recomputation(name, options):
+    """step() over the key/value cache gives forward()'s logits and maps, position by position, with padded
+    regions, k captions per image and the encoder stack."""
+    dec = _model(name, **options).decoder.eval()
+    a, mask, grid = _annotations()
+    captions, idx = _captions(), torch.tensor([0, 0, 1, 1, 2, 2])
+    with torch.no_grad():
+        out = dec(a, captions, idx, mask=mask, grid=grid)
+        keys = dec.attention.prepare(a, grid, mask)  # (B, L, ...) once per image; the state has 2 rows per image
+        state = dec.init_state(a[idx], mask[idx])
+        for t in range(captions.shape[1] - 1):
+            logits, state, att = dec.step(captions[:, t], state, a, keys, mask)
+            torch.testing.assert_close(logits, out.logits[:, t], atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(att.alpha, out.alphas[:, t], atol=1e-6, rtol=1e-5)
+            assert (att.alpha[~mask[idx]] == 0).all()
+            assert all(k.shape == (6, 2, t + 1, 8) and v.shape == k.shape for k, v in state)  # (N, H, t, d_k)
+        plain = dec.forward_plain(a, captions, idx, mask=mask, grid=grid)
+    torch.testing.assert_close(plain.logits, out.logits, atol=2e-5, rtol=1e-5)
+
+
+def test_a_decoding_step_runs_one_position_not_the_prefix():
+    """The cache makes step t cost O(t): each layer projects one new position, whatever t is."""
+    dec = _model().decoder.eval()
+    a, _, grid = _annotations()
+    rows = []
+    hook = dec.layers[0].self_attn.qkv.register_forward_hook(lambda m, i, o: rows.append(tuple(i[0].shape)))
+    greedy_decode(dec, a, max_len=6, grid=grid)
+    hook.remove()
+    assert rows and all(r[1] == 1 for r in rows), rows  # (N, 1, d) every step
+
+
+def test_packed_lengths_give_the_dense_logits_of_the_real_tokens():
+    dec = _model(encoder_layers=1).decoder.eval()
+    a, mask, grid = _annotations()
+    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    lengths = torch.tensor([4, 6, 2, 6, 5, 1])
+    with torch.no_grad():
+        dense = dec(a, captions, idx, mask=mask, grid=grid)
+        packed = dec(a, captions, idx, mask=mask, grid=grid, lengths=lengths)
+    real = torch.arange(6) < lengths.unsqueeze(1)
+    torch.testing.assert_close(packed.logits, dense.logits[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed.alphas, dense.alphas * real.unsqueeze(-1), atol=1e-6, rtol=1e-5)
+    assert packed.alphas.shape == dense.alphas.shape and torch.equal(packed.betas, real.float())
+
+
+@pytest.mark.parametrize("name", CROSS)
+def test_beam_size_one_is_greedy(name):
+    dec = _model(name).decoder.eval()
+    a, mask, grid = _annotations(4)
+    g = greedy_decode(dec, a, max_len=8, mask=mask, grid=grid)
+    b = beam_search(dec, a, beam_size=1, max_len=8, mask=mask, grid=grid)
+    assert g.tokens == b.tokens
+    torch.testing.assert_close(g.scores, b.scores)
+    for ga, ba in zip(g.alphas, b.alphas):
+        torch.testing.assert_close(ga, ba)
+        torch.testing.assert_close(ga.sum(-1), torch.ones(ga.shape[0]))
+    assert (g.alphas[0][:, ~mask[0]] == 0).all()
+    assert len(beam_search(dec, a, beam_size=3, max_len=8, mask=mask, grid=grid).tokens) == 4
+
+
+def test_the_map_is_a_chosen_layer_and_head_of_the_cross_attention():
+    dec = _model().decoder.eval()
+    a, mask, grid = _annotations()
+    keys = dec.attention.prepare(a, grid, mask)
+    words = torch.full((3,), 1)
+    memory, *layer_keys = dec.attention.split(keys)
+    with torch.no_grad():
+        _, _, last = dec.step(words, dec.init_state(a), a, keys, mask)
+        dec.select_map(0, 1)
+        _, _, head = dec.step(words, dec.init_state(a), a, keys, mask)
+        x = dec._inputs(words.unsqueeze(1), 0).squeeze(1)
+        y, _ = dec.layers[0].self_attn.step(dec.layers[0].norms[0](x), dec.init_state(a)[0])
+        want = dec.attention.cross[0](memory, layer_keys[0], dec.layers[0].norms[1](x + y), mask)
+    torch.testing.assert_close(head.alpha, want.heads[:, 1])
+    assert not torch.allclose(head.alpha, last.alpha)
+    torch.testing.assert_close(head.alpha.sum(-1), torch.ones(3))
+    with pytest.raises(ValueError, match="layer 2 does not exist"):
+        dec.select_map(2)
+    with pytest.raises(ValueError, match="head 2 does not exist"):
+        dec.select_map(-1, 2)
+    with pytest.raises(ValueError, match="needs attention=multihead"):
+        _model("soft").decoder.select_map(-1, 0)
+
+
+def test_learned_positions_refuse_captions_past_their_table():
+    dec = _model(positions="learned", max_positions=4).decoder
+    a, _, grid = _annotations()
+    with pytest.raises(ValueError, match="max_positions"):
+        dec(a, _captions(3, 6), grid=grid)  # 5 positions
+    state = dec.init_state(a)
+    keys = dec.attention.prepare(a, grid)
+    for _ in range(4):
+        _, state, _ = dec.step(torch.full((3,), 4), state, a, keys)
+    with pytest.raises(ValueError, match="max_positions"):
+        dec.step(torch.full((3,), 4), state, a, keys)
+
+
+@pytest.mark.parametrize("name", ["multihead", "soft"])
+def test_a_tiny_model_overfits_one_batch(name):
+    dec = _model(name).decoder.train()
+    a, mask, grid = _annotations(6)
+    captions, idx = _captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
+    opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(100):
+        out = dec(a, captions, idx, mask=mask, grid=grid)
+        loss = caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0, attention_weight=0.0).token_nll
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.05 * losses[0], (losses[0], losses[-1])
