@@ -197,3 +197,19 @@ def test_a_tiny_model_overfits_one_batch(name):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.05 * losses[0], (losses[0], losses[-1])
+
+
+def test_bf16_autocast_gives_the_float32_loss_and_float32_gradients():
+    model = _model(encoder_layers=1)
+    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    images = torch.randn(3, 3, 32, 32)
+    ref = caption_loss(model(images, captions, idx).logits, captions[:, 1:], None, pad_id=0,
+                       attention_weight=0.0).token_nll
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(images, captions, idx)
+    assert out.logits.dtype == torch.bfloat16
+    low = caption_loss(out.logits.float(), captions[:, 1:], None, pad_id=0, attention_weight=0.0).token_nll
+    assert low.item() == pytest.approx(ref.item(), rel=2e-2)
+    low.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+               for p in model.parameters())

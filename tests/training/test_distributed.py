@@ -46,6 +46,16 @@ def _overrides(shapes_json: Path, *extra: str) -> list[str]:
             "trainer.max_epochs=1", "eval.metrics=[bleu,cider]", "eval.num_figures=1", *extra]
 
 
+TRANSFORMER = ("decoder=transformer", "decoder.d_model=16", "decoder.num_heads=2", "decoder.ff_dim=32",
+               "decoder.encoder_layers=1", "attention.num_heads=2", "attention.head_dim=8")
+
+
+def _transformer(overrides: list[str]) -> list[str]:
+    """The same run with decoder=transformer (its own sizes instead of the LSTM decoders')."""
+    lstm = ("attention.attention_dim=", "decoder.embed_dim=", "decoder.hidden_dim=")
+    return [o for o in overrides if not o.startswith(lstm)] + list(TRANSFORMER)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,15 +73,16 @@ def _torchrun(nproc: int, overrides: list[str], cwd: Path) -> subprocess.Complet
     return proc
 
 
-def _single_process_reference(shapes_json: Path, out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _single_process_reference(shapes_json: Path, out_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                              model: tuple[str, ...] = ()) -> None:
     """The same training in this process as a world of one rank: the global batch in one process, with the
     DistributedSampler's image order (a plain run shuffles with the global RNG instead)."""
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(key, value)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("train", overrides=_overrides(shapes_json, "device=cpu",
-                                                    f"dataset.batch_size={2 * PER_RANK_BATCH}"))
+        overrides = _overrides(shapes_json, "device=cpu", f"dataset.batch_size={2 * PER_RANK_BATCH}")
+        cfg = compose("train", overrides=_transformer(overrides) if model else overrides)
     try:
         train(cfg, out_dir)
     finally:
@@ -201,3 +212,23 @@ def test_torchrun_overrides_share_rank_zeros_run_folder_and_refuse_sweeps():
     assert distributed.torchrun_overrides(["hydra.run.dir=outputs/ddp"], train_yaml) == []  # a given folder is kept
     with pytest.raises(SystemExit, match="under torchrun the N processes train one run"):
         distributed.torchrun_overrides(["-m", "optim.lr=0.1,0.01"], train_yaml)
+
+
+@pytest.mark.integration
+def test_two_ranks_train_the_transformer_like_one_process(shapes_json, tmp_path, monkeypatch):
+    """decoder=transformer under DDP: the same losses and weights as one process with the global batch (the
+    self-attention's key biases excepted: q . b_k is the same for every key, so their true gradient is 0 and
+    Adam turns the ranks' different float noise into steps)."""
+    _torchrun(2, _transformer(_overrides(shapes_json, f"dataset.batch_size={PER_RANK_BATCH}")), tmp_path / "ddp")
+    run = _run_dir(tmp_path / "ddp")
+    _single_process_reference(shapes_json, tmp_path / "ref", monkeypatch, TRANSFORMER)
+    (ddp,), (ref,) = (json.loads((d / "history.json").read_text()) for d in (run, tmp_path / "ref"))
+    assert ddp["step"] == ref["step"] == 48 // (2 * PER_RANK_BATCH)
+    assert ddp["loss"] == pytest.approx(ref["loss"], rel=1e-6) and ddp["nll"] == pytest.approx(ref["nll"], rel=1e-6)
+    w_ddp, w_ref = _weights(run / "checkpoints/last.pt"), _weights(tmp_path / "ref/checkpoints/last.pt")
+    assert w_ddp.keys() == w_ref.keys() and any(".layers.1." in k or ".layers.0." in k for k in w_ref)
+    for k in w_ref:
+        if k.endswith("qkv.bias"):
+            d = w_ref[k].shape[0] // 3  # q, k, v: compare the query and value biases
+            w_ddp[k], w_ref[k] = torch.cat([w_ddp[k][:d], w_ddp[k][2 * d:]]), torch.cat([w_ref[k][:d], w_ref[k][2 * d:]])
+        assert torch.allclose(w_ddp[k], w_ref[k], rtol=0, atol=1e-5), k

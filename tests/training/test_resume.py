@@ -92,10 +92,12 @@ def compose_train(*overrides: str) -> Any:
 
 def tiny(root: Path, *extra: str) -> list[str]:
     """Overrides of a tiny 4-epoch run on a 24/4/4-image shapes set under `root`."""
+    sizes = (["attention.num_heads=2", "attention.head_dim=8", "decoder.d_model=16", "decoder.num_heads=2",
+              "decoder.ff_dim=32"] if "decoder=transformer" in extra else
+             ["attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32"])
     return [f"dataset.root={root}", "dataset.generate.num_train=24", "dataset.generate.num_val=4",
             "dataset.generate.num_test=4", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.batch_size=4", *TINY_ENCODER, "attention.attention_dim=16",
-            "decoder.embed_dim=16", "decoder.hidden_dim=32", "trainer.progress=false", f"trainer.max_epochs={EPOCHS}",
+            "dataset.batch_size=4", *TINY_ENCODER, *sizes, "trainer.progress=false", f"trainer.max_epochs={EPOCHS}",
             "eval.metrics=[bleu,cider]", "eval.beam_size=2", "eval.num_figures=0", "eval.report=false",
             "device=cpu", *extra]
 
@@ -124,7 +126,11 @@ def reference(data_root, tmp_path_factory):
 ATTENTION = {"soft": ["attention=soft", "attention.attention_dim=16"],
              "hard": ["attention=hard", "attention.attention_dim=16", "attention.expected_context_prob=0.5",
                       "decoder.dropout=0.3"],
-             "soft_buckets": ["attention=soft", "attention.attention_dim=16", "dataset.length_buckets=2"]}
+             "soft_buckets": ["attention=soft", "attention.attention_dim=16", "dataset.length_buckets=2"],
+             # the compared decoders, dropout on; the Transformer with its per-step warm-up schedule
+             "updown": ["decoder=updown", "attention=soft", "decoder.dropout=0.3"],
+             "transformer": ["decoder=transformer", "decoder.dropout=0.3", "decoder.encoder_layers=1",
+                             "scheduler=warmup", "scheduler.warmup_steps=5"]}
 
 
 def same(a: Any, b: Any, where: str = "") -> list[str]:
@@ -192,7 +198,7 @@ def resume_and_compare(out: Path, overrides: list[str], ref: Path) -> None:
     assert_identical(out, ref)
 
 
-@pytest.mark.parametrize("attention", ["soft", "hard"])
+@pytest.mark.parametrize("attention", ["soft", "hard", "updown", "transformer"])
 def test_stop_at_an_epoch_end_then_resume_is_bit_identical(data_root, reference, tmp_path, attention):
     ref = reference(attention)
     overrides = tiny(data_root, *ATTENTION[attention])
@@ -271,6 +277,19 @@ def test_every_kill_point_resumes_bit_identical(data_root, reference, tmp_path, 
     overrides = tiny(data_root, *ATTENTION[attention], "trainer.checkpoint_every=4")
     proc = killed_run(tmp_path, overrides, kill_at)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    resume_and_compare(tmp_path, overrides, ref)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("decoder", ["updown", "transformer"])
+def test_the_compared_decoders_killed_mid_epoch_resume_bit_identical(data_root, reference, tmp_path, decoder):
+    """kill -9 before step 11: the run goes on from step 8's checkpoint, mid-epoch (the Transformer's warm-up
+    schedule, stepped per optimizer step, included)."""
+    ref = reference(decoder)
+    overrides = tiny(data_root, *ATTENTION[decoder], "trainer.checkpoint_every=4")
+    proc = killed_run(tmp_path, overrides, "step::11")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert last_checkpoint(tmp_path)["step"] == 8
     resume_and_compare(tmp_path, overrides, ref)
 
 

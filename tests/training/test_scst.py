@@ -297,7 +297,12 @@ SMALL = ["attention.attention_dim=8", "attention.head_dim=4", "attention.num_hea
 
 @pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("attention", ATTENTIONS)
-def test_every_attention_and_decoder_trains_with_scst(tiny, attention, decoder):
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+def test_every_attention_and_decoder_trains_with_scst(tiny, attention, decoder, baseline):
+    if baseline == "mean" and decoder in ("sat", "luong") and attention != "soft":
+        pytest.skip("the mean baseline's other cases are the tests above; here: every decoder with soft attention")
+    if baseline == "mean" and attention not in ("soft", "hard", "multihead"):
+        pytest.skip("the mean baseline: soft, hard and multi-head attention with each decoder")
     _, data = tiny
     if decoder == "transformer" and attention in ("hard", "location"):
         pytest.skip("a Transformer layer cannot run this attention (refused: tests/models/test_transformer_decoder.py)")
@@ -310,7 +315,7 @@ def test_every_attention_and_decoder_trains_with_scst(tiny, attention, decoder):
     torch.manual_seed(0)
     model = build_captioner(spec, len(data.vocab))
     model.train()
-    objective = _scst(data, baseline="greedy", entropy_weight=0.002)
+    objective = _scst(data, baseline=baseline, entropy_weight=0.002)
     batch = collate([data[i] for i in range(3)])
     ctx = _context(objective.wrap(model), model, samples_regions=isinstance(model.decoder.attention, HardAttention))
     model.decoder.attention.begin_batch()
