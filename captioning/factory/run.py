@@ -61,7 +61,7 @@ def build_run(cfg: DictConfig) -> RunParts:
     objective.prepare(data["train"])  # objective=scst: the reward's references, tokenized once
     model = build_captioner(spec, len(vocab), encoder).to(device)
     compile_decoding(model, ev.compile)  # validation and test decoding
-    select_attention_map(model, ev.attention_layer, ev.attention_head)  # decoder=transformer: which map figures show
+    select_attention_map(model, ev.attention_layer, ev.attention_head)  # which map figures show (transformer)
     if distributed.world_size() > 1 and device.type == "cuda":  # BatchNorm statistics of the global batch
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # eval.instances: read (and matched to the test split) before training, by rank 0, which scores the

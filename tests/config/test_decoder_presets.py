@@ -1,11 +1,11 @@
-"""The COCO presets of the compared decoders carry the published settings (not run here: no COCO, no GPU)."""
+"""The COCO presets of the compared decoders carry the published settings (not run here: no COCO, no GPU). That
+every preset validates is tests/config/test_schema.py's test."""
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from captioning.config.schema import validate_train_config
 from captioning.factory.models import build_captioner, model_config
 from captioning.models.transformer_decoder import TransformerDecoder
 from captioning.models.updown_decoder import UpDownDecoder
@@ -15,11 +15,6 @@ from captioning.runtime import CONF_DIR
 def _compose(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=list(overrides))
-
-
-@pytest.mark.parametrize("preset", ["coco_updown", "coco_updown_scst", "coco_transformer", "coco_transformer_scst"])
-def test_the_presets_validate(preset):
-    validate_train_config(_compose(f"experiment={preset}"))
 
 
 def test_updown_has_anderson_et_als_sizes_and_ruotianluos_schedule():

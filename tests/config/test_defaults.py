@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from captioning.base.moved import MOVED_KEYS, moved_override, upgrade_config
+from captioning.config import targets
 from captioning.factory import registry
 from captioning.factory.models import build_captioner, model_config
 from captioning.runtime import CONF_DIR
@@ -38,7 +39,7 @@ def _targets(node: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _callable(target: str):
-    for table in registry.GROUPS.values():
+    for table in (*registry.GROUPS.values(), *targets.OWN_CLASSES.values()):  # and the project's own schedules
         if target in table:
             return table[target]
     return None
