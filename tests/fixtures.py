@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from captioning.models.attention_family import grid_positions
 from captioning.runtime import CONF_DIR
 
 # Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it, and are in the
@@ -34,6 +36,27 @@ TINY_MODEL = {
     "decoder": {"_target_": "captioning.models.decoder.ShowAttendTellDecoder", "embed_dim": 16, "hidden_dim": 32,
                 "dropout": 0.0},
 }
+
+
+def padded_captions(N: int = 6, T: int = 7, vocab_size: int = 12) -> torch.Tensor:
+    """N random captions (N, T) of word ids 4.. that start with <start>, caption 0 padded after 5 tokens (the
+    decoder tests' teacher-forcing input)."""
+    torch.manual_seed(1)
+    captions = torch.randint(4, vocab_size, (N, T))
+    captions[:, 0] = 1  # <start>
+    captions[0, 5:] = 0  # a padded caption
+    return captions
+
+
+def masked_annotations(B: int = 3) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """Annotations a (B, L, D) on a non-square (4, 5) grid, image 0 only 3 x 4 of it (the rest padded): a, the
+    mask (B, L) and the grid."""
+    torch.manual_seed(2)
+    a = torch.relu(torch.randn(B, 20, 16))
+    mask = torch.ones(B, 20, dtype=torch.bool)
+    pos = grid_positions(4, 5)
+    mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
+    return a, mask, (4, 5)
 
 
 def tiny_overrides(root: str | os.PathLike, *extra: str, sizes: tuple[int, int, int] = (48, 12, 12),

@@ -30,7 +30,7 @@ from captioning.base.constraints import Count, DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.attention_family import MultiHeadAttention
 from captioning.models.decoder import DecoderOutput
-from captioning.models.rows import images_and_rows
+from captioning.models.rows import images_and_rows, plain_rows
 from captioning.models.transformer_layers import AnnotationMemory, Cache, DecoderLayer, sinusoid
 
 TransformerState = tuple[Cache, ...]  # per decoder layer: its self-attention keys and values (N, H, t, d_k) each
@@ -163,9 +163,7 @@ class TransformerDecoder(nn.Module):
     def forward_plain(self, a: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
                       mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> DecoderOutput:
         """Teacher forcing written as decoding runs it, one `step` at a time over the cache (the tests compare)."""
-        keys = self.attention.prepare(a, grid, mask)
-        if image_index is not None:
-            a, keys, mask = a[image_index], keys[image_index], None if mask is None else mask[image_index]
+        a, keys, mask = plain_rows(a, self.attention.prepare(a, grid, mask), mask, image_index)  # one copy per caption
         state = self.init_state(a, mask)
         logits, alphas = [], []
         for t in range(captions.shape[1] - 1):

@@ -31,7 +31,7 @@ from torch import nn
 
 from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
-from captioning.models.decoder import DecoderOutput, _mlp, annotation_state, plain_output
+from captioning.models.decoder import DecoderOutput, _mlp, annotation_state, mean_annotation, plain_output
 from captioning.models.fused import UnrolledLSTM, autocast_input
 from captioning.models.packing import StepPlan
 from captioning.models.rows import images_and_rows, plain_rows, repeat_rows, rows_per_image
@@ -40,14 +40,6 @@ from captioning.models.rows import images_and_rows, plain_rows, repeat_rows, row
 # samples reorder each row. v_mean is not state: `step` reads it from a (an exported step graph cannot return an
 # input unchanged, and it costs less than the step's context z_t = sum_i alpha_i a_i).
 UpDownState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-def mean_annotation(a: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """v_mean (N, D): the mean of a (N, L, D) over the regions the mask (N, L) keeps (all without a mask)."""
-    if mask is None:
-        return a.mean(dim=1)  # (N, D)
-    m = mask.unsqueeze(-1).to(a.dtype)  # (N, L, 1)
-    return (a * m).sum(1) / m.sum(1).clamp(min=1)  # (N, D)
 
 
 class UpDownDecoder(nn.Module):
@@ -97,7 +89,7 @@ class UpDownDecoder(nn.Module):
         """One decoding step from the previous words (N,): logits (N, V) of y_t, the new state, y_t's attention.
 
         a (B, L, D) and mask (B, L) hold one image per k = N / B consecutive state rows (beams, samples)."""
-        v_mean = mean_annotation(a, mask)  # (B, D)
+        v_mean = mean_annotation(a, mask)[0]  # (B, D)
         v_mean = repeat_rows(v_mean, rows_per_image(a.shape[0], words.shape[0]))  # (N, D)
         state, att = self.advance(self.embed(words), v_mean, state, a, keys, mask)
         return self.output(state[2]), state, att
@@ -118,7 +110,7 @@ class UpDownDecoder(nn.Module):
         plan = StepPlan.of(lengths, a.shape[0], k, captions.shape[1] - 1)
         a, keys, mask = plan.order_images(a, keys, mask)  # images by longest caption, longest first
         h1, c1, h2, c2, prev_alpha = repeat_rows(self.init_state(a, mask), k)  # (N, n) x 4, (N, L)
-        v_mean = mean_annotation(a, mask)  # (B, D)
+        v_mean = mean_annotation(a, mask)[0]  # (B, D)
         emb, _ = plan.embed(self.embed, captions[:, :-1])  # (sum_t n_t, m) step-major
         image = torch.cat([torch.arange(plan.images[t] * k, device=a.device) if r is None else r
                            for t, r in enumerate(plan.rows)]) // k  # (sum_t n_t,) the image of each computed row
@@ -168,7 +160,7 @@ class UpDownDecoder(nn.Module):
         """The top-down decoder's teacher forcing written out with `advance` step by step: `forward` computes the
         same, faster (tests/models/test_fast_path.py compares the two)."""
         a, keys, mask = plain_rows(a, self.attention.prepare(a, grid), mask, image_index)  # (N, L, D), (N, L, A)
-        state, v_mean = self.init_state(a, mask), mean_annotation(a, mask)  # ..., (N, D)
+        state, v_mean = self.init_state(a, mask), mean_annotation(a, mask)[0]  # ..., (N, D)
         emb = self.embed(captions[:, :-1])  # (N, T, m)
         h2s, atts = [], []
         for t in range(emb.shape[1]):

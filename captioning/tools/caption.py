@@ -175,17 +175,17 @@ def caption_run(args: argparse.Namespace) -> int:
     return skipped
 
 
+def _count(text: str) -> int:
+    """argparse type: an integer, 0 or more (a head number)."""
+    return positive_int(text) if text.strip() != "0" else 0
+
+
 def _alternatives(text: str) -> int:
     """argparse type: 0..20 alternatives."""
-    value = positive_int(text) if text.strip() != "0" else 0
+    value = _count(text)
     if value > 20:
         raise argparse.ArgumentTypeError(f"at most 20, got {value}")
     return value
-
-
-def _head(text: str) -> int:
-    """argparse type: a head number, 0 or more."""
-    return positive_int(text) if text.strip() != "0" else 0
 
 
 def parser() -> ArgumentParser:
@@ -219,7 +219,7 @@ def parser() -> ArgumentParser:
                    "(--out: its earlier name)")
     p.add_argument("--attention-layer", type=int, metavar="I", help="decoder=transformer: the cross-attention "
                    "layer whose map figures show (-1: the last; default: the checkpoint's decoder.map_layer)")
-    p.add_argument("--attention-head", type=_head, metavar="J", help="decoder=transformer with attention=multihead: "
+    p.add_argument("--attention-head", type=_count, metavar="J", help="decoder=transformer with attention=multihead: "
                    "one head's map instead of the mean over heads")
     p.add_argument("--device", default="auto")
     return p

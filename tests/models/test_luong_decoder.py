@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, compose_tiny_train
+from fixtures import TINY_MODEL, compose_tiny_train, masked_annotations, padded_captions
 from omegaconf import OmegaConf
 
 from captioning.factory.checkpoints import load_model
 from captioning.factory.models import build_captioner
 from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
-from captioning.models.attention_family import grid_positions
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.luong_decoder import LuongDecoder
 from captioning.runtime import CONF_DIR
@@ -35,24 +34,6 @@ def _model(name: str, **decoder):
     return build_captioner({**TINY_MODEL, "attention": attention, "decoder": dec}, vocab_size=V)
 
 
-def _captions(N: int = 6, T: int = 7) -> torch.Tensor:
-    torch.manual_seed(1)
-    captions = torch.randint(4, V, (N, T))
-    captions[:, 0] = 1  # <start>
-    captions[0, 5:] = 0  # a padded caption
-    return captions
-
-
-def _annotations(B: int = 3):
-    """Annotations a (B, L, D) on a non-square (4, 5) grid, image 0 only 3 x 4 of it (the rest padded)."""
-    torch.manual_seed(2)
-    a = torch.relu(torch.randn(B, 20, 16))
-    mask = torch.ones(B, 20, dtype=torch.bool)
-    pos = grid_positions(4, 5)
-    mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
-    return a, mask, (4, 5)
-
-
 def test_conf_decoder_luong_builds_a_luong_decoder():
     model = _model("soft")
     assert isinstance(model.decoder, LuongDecoder) and model.decoder.input_feeding
@@ -63,7 +44,7 @@ def test_conf_decoder_luong_builds_a_luong_decoder():
 @pytest.mark.parametrize("name", NAMES)
 def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
     model = _model(name)
-    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
     if name == "hard":
         model.decoder.attention.sample_this_batch = False  # the expected context; sampling is tested below
     out = model(torch.randn(3, 3, 32, 32), captions, idx)
@@ -79,7 +60,7 @@ def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
 def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
     model = _model("hard")
     model.decoder.attention.sample_this_batch = True
-    captions = _captions()
+    captions = padded_captions()
     torch.manual_seed(3)
     out = model(torch.randn(3, 3, 32, 32), captions, torch.arange(3).repeat_interleave(2))
     assert out.log_probs.shape == (6, 6) and out.entropies.shape == (6, 6)
@@ -96,8 +77,8 @@ def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
 @pytest.mark.parametrize("input_feeding", [True, False])
 def test_teacher_forcing_equals_step_by_step(name, input_feeding):
     dec = _model(name, input_feeding=input_feeding).decoder.eval()
-    a, mask, grid = _annotations()
-    captions, idx = _captions(), torch.tensor([0, 0, 1, 1, 2, 2])
+    a, mask, grid = masked_annotations()
+    captions, idx = padded_captions(), torch.tensor([0, 0, 1, 1, 2, 2])
     with torch.no_grad():
         out = dec(a, captions, idx, mask=mask, grid=grid)
         keys = dec.attention.prepare(a, grid)[idx]
@@ -116,7 +97,7 @@ def test_teacher_forcing_equals_step_by_step(name, input_feeding):
 @pytest.mark.parametrize("name", NAMES)
 def test_beam_size_one_is_greedy(name):
     dec = _model(name).decoder.eval()
-    a, mask, grid = _annotations(4)
+    a, mask, grid = masked_annotations(4)
     g = greedy_decode(dec, a, max_len=8, mask=mask, grid=grid)
     b = beam_search(dec, a, beam_size=1, max_len=8, mask=mask, grid=grid)
     assert g.tokens == b.tokens
@@ -131,8 +112,8 @@ def test_beam_size_one_is_greedy(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_a_tiny_model_overfits_one_batch(name):
     dec = _model(name).decoder.train()
-    a, mask, grid = _annotations(6)
-    captions, idx = _captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
+    a, mask, grid = masked_annotations(6)
+    captions, idx = padded_captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
     if name == "hard":
         dec.attention.expected_context_prob = 1.0  # the expected context: a deterministic gradient
     opt = torch.optim.Adam(dec.parameters(), lr=1e-2)

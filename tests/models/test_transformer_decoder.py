@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
+from fixtures import TINY_MODEL, masked_annotations, padded_captions
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
-from captioning.models.attention_family import grid_positions
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.transformer_decoder import TransformerDecoder
 from captioning.runtime import CONF_DIR
@@ -31,24 +30,6 @@ def _model(name: str = "multihead", **decoder):
     return build_captioner({**TINY_MODEL, "attention": attention, "decoder": dec}, vocab_size=V)
 
 
-def _captions(N: int = 6, T: int = 7) -> torch.Tensor:
-    torch.manual_seed(1)
-    captions = torch.randint(4, V, (N, T))
-    captions[:, 0] = 1  # <start>
-    captions[0, 5:] = 0  # a padded caption
-    return captions
-
-
-def _annotations(B: int = 3):
-    """Annotations a (B, L, D) on a non-square (4, 5) grid, image 0 only 3 x 4 of it (the rest padded)."""
-    torch.manual_seed(2)
-    a = torch.relu(torch.randn(B, 20, 16))
-    mask = torch.ones(B, 20, dtype=torch.bool)
-    pos = grid_positions(4, 5)
-    mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
-    return a, mask, (4, 5)
-
-
 def _missing_gradients(model: torch.nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
 
@@ -67,7 +48,7 @@ def test_conf_decoder_transformer_selects_multihead_cross_attention():
 @pytest.mark.parametrize("name", CROSS)
 def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
     model = _model(name, encoder_layers=1)
-    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
     out = model(torch.randn(3, 3, 32, 32), captions, idx)
     N, T = 6, 6
     assert out.logits.shape == (N, T, V) and out.alphas.shape == (N, T, 64) and out.betas.shape == (N, T)
@@ -89,8 +70,8 @@ def test_incremental_decoding_equals_full_recomputation(name, options):
     """step() over the key/value cache gives forward()'s logits and maps, position by position, with padded
     regions, k captions per image and the encoder stack."""
     dec = _model(name, **options).decoder.eval()
-    a, mask, grid = _annotations()
-    captions, idx = _captions(), torch.tensor([0, 0, 1, 1, 2, 2])
+    a, mask, grid = masked_annotations()
+    captions, idx = padded_captions(), torch.tensor([0, 0, 1, 1, 2, 2])
     with torch.no_grad():
         out = dec(a, captions, idx, mask=mask, grid=grid)
         keys = dec.attention.prepare(a, grid, mask)  # (B, L, ...) once per image; the state has 2 rows per image
@@ -108,7 +89,7 @@ def test_incremental_decoding_equals_full_recomputation(name, options):
 def test_a_decoding_step_runs_one_position_not_the_prefix():
     """The cache makes step t cost O(t): each layer projects one new position, whatever t is."""
     dec = _model().decoder.eval()
-    a, _, grid = _annotations()
+    a, _, grid = masked_annotations()
     rows = []
     hook = dec.layers[0].self_attn.qkv.register_forward_hook(lambda m, i, o: rows.append(tuple(i[0].shape)))
     greedy_decode(dec, a, max_len=6, grid=grid)
@@ -118,8 +99,8 @@ def test_a_decoding_step_runs_one_position_not_the_prefix():
 
 def test_packed_lengths_give_the_dense_logits_of_the_real_tokens():
     dec = _model(encoder_layers=1).decoder.eval()
-    a, mask, grid = _annotations()
-    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    a, mask, grid = masked_annotations()
+    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
     lengths = torch.tensor([4, 6, 2, 6, 5, 1])
     with torch.no_grad():
         dense = dec(a, captions, idx, mask=mask, grid=grid)
@@ -133,7 +114,7 @@ def test_packed_lengths_give_the_dense_logits_of_the_real_tokens():
 @pytest.mark.parametrize("name", CROSS)
 def test_beam_size_one_is_greedy(name):
     dec = _model(name).decoder.eval()
-    a, mask, grid = _annotations(4)
+    a, mask, grid = masked_annotations(4)
     g = greedy_decode(dec, a, max_len=8, mask=mask, grid=grid)
     b = beam_search(dec, a, beam_size=1, max_len=8, mask=mask, grid=grid)
     assert g.tokens == b.tokens
@@ -147,7 +128,7 @@ def test_beam_size_one_is_greedy(name):
 
 def test_the_map_is_a_chosen_layer_and_head_of_the_cross_attention():
     dec = _model().decoder.eval()
-    a, mask, grid = _annotations()
+    a, mask, grid = masked_annotations()
     keys = dec.attention.prepare(a, grid, mask)
     words = torch.full((3,), 1)
     memory, *layer_keys = dec.attention.split(keys)
@@ -171,9 +152,9 @@ def test_the_map_is_a_chosen_layer_and_head_of_the_cross_attention():
 
 def test_learned_positions_refuse_captions_past_their_table():
     dec = _model(positions="learned", max_positions=4).decoder
-    a, _, grid = _annotations()
+    a, _, grid = masked_annotations()
     with pytest.raises(ValueError, match="max_positions"):
-        dec(a, _captions(3, 6), grid=grid)  # 5 positions
+        dec(a, padded_captions(3, 6), grid=grid)  # 5 positions
     state = dec.init_state(a)
     keys = dec.attention.prepare(a, grid)
     for _ in range(4):
@@ -185,8 +166,8 @@ def test_learned_positions_refuse_captions_past_their_table():
 @pytest.mark.parametrize("name", ["multihead", "soft"])
 def test_a_tiny_model_overfits_one_batch(name):
     dec = _model(name).decoder.train()
-    a, mask, grid = _annotations(6)
-    captions, idx = _captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
+    a, mask, grid = masked_annotations(6)
+    captions, idx = padded_captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
     opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
     losses = []
     for _ in range(100):
@@ -201,7 +182,7 @@ def test_a_tiny_model_overfits_one_batch(name):
 
 def test_bf16_autocast_gives_the_float32_loss_and_float32_gradients():
     model = _model(encoder_layers=1)
-    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
     images = torch.randn(3, 3, 32, 32)
     ref = caption_loss(model(images, captions, idx).logits, captions[:, 1:], None, pad_id=0,
                        attention_weight=0.0).token_nll

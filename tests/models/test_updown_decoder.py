@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, compose_tiny_train
+from fixtures import TINY_MODEL, compose_tiny_train, masked_annotations, padded_captions
 from omegaconf import OmegaConf
 
 from captioning.factory.checkpoints import load_model
 from captioning.factory.models import build_captioner
 from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
-from captioning.models.attention_family import grid_positions
+from captioning.models.decoder import mean_annotation
 from captioning.models.decoding import beam_search, greedy_decode
-from captioning.models.updown_decoder import UpDownDecoder, mean_annotation
+from captioning.models.updown_decoder import UpDownDecoder
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 
@@ -36,36 +36,18 @@ def _model(name: str, **decoder):
     return build_captioner({**TINY_MODEL, "attention": attention, "decoder": dec}, vocab_size=V)
 
 
-def _captions(N: int = 6, T: int = 7) -> torch.Tensor:
-    torch.manual_seed(1)
-    captions = torch.randint(4, V, (N, T))
-    captions[:, 0] = 1  # <start>
-    captions[0, 5:] = 0  # a padded caption
-    return captions
-
-
-def _annotations(B: int = 3):
-    """Annotations a (B, L, D) on a non-square (4, 5) grid, image 0 only 3 x 4 of it (the rest padded)."""
-    torch.manual_seed(2)
-    a = torch.relu(torch.randn(B, 20, 16))
-    mask = torch.ones(B, 20, dtype=torch.bool)
-    pos = grid_positions(4, 5)
-    mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
-    return a, mask, (4, 5)
-
-
 def test_conf_decoder_updown_builds_the_two_lstms_with_zero_states():
     model = _model("soft")
     dec = model.decoder
     assert isinstance(dec, UpDownDecoder) and dec.init_h is None
     D = dec.lang_lstm.input_size - 24  # [z_t; h1_t]
     assert dec.att_lstm.input_size == 16 + D + 24 and dec.att_lstm.hidden_size == dec.lang_lstm.hidden_size == 24
-    _, mask, _ = _annotations()
+    _, mask, _ = masked_annotations()
     a = torch.randn(3, 20, D)  # (B, L, D)
     h1, c1, h2, c2, alpha0 = dec.init_state(a, mask)
     assert all((x == 0).all() and x.shape == (3, 24) for x in (h1, c1, h2, c2))  # the paper's zero states
     torch.testing.assert_close(alpha0.sum(-1), torch.ones(3))
-    v_mean = mean_annotation(a, mask)  # (B, D): over the valid regions only
+    v_mean = mean_annotation(a, mask)[0]  # (B, D): over the valid regions only
     torch.testing.assert_close(v_mean[0], a[0, mask[0]].mean(0))
     torch.testing.assert_close(v_mean[1], a[1].mean(0))
     h1, c1, h2, c2, _ = _model("soft", init_from_annotations=True).decoder.init_state(a, mask)
@@ -76,8 +58,8 @@ def test_conf_decoder_updown_builds_the_two_lstms_with_zero_states():
 def test_padded_regions_change_nothing(name):
     """Annotations in padded regions reach neither the mean annotation nor attention: the outputs are the same."""
     dec = _model(name).decoder.eval()
-    a, mask, grid = _annotations()
-    captions, idx = _captions(), torch.tensor([0, 0, 1, 1, 2, 2])
+    a, mask, grid = masked_annotations()
+    captions, idx = padded_captions(), torch.tensor([0, 0, 1, 1, 2, 2])
     noisy = a.clone()
     noisy[~mask] = 100.0
     with torch.no_grad():
@@ -89,7 +71,7 @@ def test_padded_regions_change_nothing(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
     model = _model(name)
-    captions, idx = _captions(), torch.arange(3).repeat_interleave(2)
+    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
     if name == "hard":
         model.decoder.attention.sample_this_batch = False  # the expected context; sampling is tested below
     out = model(torch.randn(3, 3, 32, 32), captions, idx)
@@ -105,7 +87,7 @@ def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
 def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
     model = _model("hard")
     model.decoder.attention.sample_this_batch = True
-    captions = _captions()
+    captions = padded_captions()
     torch.manual_seed(3)
     out = model(torch.randn(3, 3, 32, 32), captions, torch.arange(3).repeat_interleave(2))
     assert out.log_probs.shape == (6, 6) and out.entropies.shape == (6, 6)
@@ -121,8 +103,8 @@ def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
 @pytest.mark.parametrize("init_from_annotations", [False, True])
 def test_teacher_forcing_equals_step_by_step(name, init_from_annotations):
     dec = _model(name, init_from_annotations=init_from_annotations).decoder.eval()
-    a, mask, grid = _annotations()
-    captions, idx = _captions(), torch.tensor([0, 0, 1, 1, 2, 2])
+    a, mask, grid = masked_annotations()
+    captions, idx = padded_captions(), torch.tensor([0, 0, 1, 1, 2, 2])
     with torch.no_grad():
         out = dec(a, captions, idx, mask=mask, grid=grid)
         keys = dec.attention.prepare(a, grid)[idx]
@@ -141,7 +123,7 @@ def test_teacher_forcing_equals_step_by_step(name, init_from_annotations):
 @pytest.mark.parametrize("name", NAMES)
 def test_beam_size_one_is_greedy(name):
     dec = _model(name).decoder.eval()
-    a, mask, grid = _annotations(4)
+    a, mask, grid = masked_annotations(4)
     g = greedy_decode(dec, a, max_len=8, mask=mask, grid=grid)
     b = beam_search(dec, a, beam_size=1, max_len=8, mask=mask, grid=grid)
     assert g.tokens == b.tokens
@@ -156,8 +138,8 @@ def test_beam_size_one_is_greedy(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_a_tiny_model_overfits_one_batch(name):
     dec = _model(name).decoder.train()
-    a, mask, grid = _annotations(6)
-    captions, idx = _captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
+    a, mask, grid = masked_annotations(6)
+    captions, idx = padded_captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
     if name == "hard":
         dec.attention.expected_context_prob = 1.0  # the expected context: a deterministic gradient
     opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
