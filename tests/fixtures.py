@@ -11,8 +11,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch import nn
 
+from captioning.models.attention import SoftAttention
 from captioning.models.attention_family import grid_positions
+from captioning.models.transformer_layers import SelfAttention
 from captioning.runtime import CONF_DIR
 
 # Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it, and are in the
@@ -57,6 +60,69 @@ def masked_annotations(B: int = 3) -> tuple[torch.Tensor, torch.Tensor, tuple[in
     pos = grid_positions(4, 5)
     mask[0] = (pos[:, 0] < 3) & (pos[:, 1] < 4)
     return a, mask, (4, 5)
+
+
+def cancelling_entries(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameter entries whose true gradient is zero for every loss, by construction: each is added alike to
+    every score a softmax normalises, where it cancels (softmax(e + c) = softmax(e)), so no output depends on it.
+    Name -> a bool mask of the parameter's shape (True: cancels). Such terms are kept where the model they follow
+    has them (arctic-captions' attention bias, `decoder_c_tt`; a Transformer's key bias), and nothing learns them.
+
+    - `SoftAttention` (and `HardAttention`): e_ti = w^T tanh(...) + b, the bias b of `w` on every region's score
+      (REINFORCE's log p(s_t) = e_ts - logsumexp_i e_ti cancels it too);
+    - the Transformer's `SelfAttention`: q^T (W_k x_j + b_k) = q^T W_k x_j + q^T b_k, the key bias b_k (the middle
+      third of `qkv.bias`) the same for every key j.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(module, SoftAttention) and module.w.bias is not None:
+            out[f"{prefix}w.bias"] = torch.ones_like(module.w.bias, dtype=torch.bool)
+        elif isinstance(module, SelfAttention):
+            d = module.out.in_features
+            keys = torch.zeros(3 * d, dtype=torch.bool)
+            keys[d:2 * d] = True  # qkv = [W_q; W_k; W_v] x + [b_q; b_k; b_v]
+            out[f"{prefix}qkv.bias"] = keys
+    return out
+
+
+def shift_cancelling_entries(model: nn.Module, by: float = 3.0) -> None:
+    """Add `by` to every entry `cancelling_entries` names (a test that the model's outputs do not change then
+    checks that those entries really cancel)."""
+    cancels = cancelling_entries(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in cancels:
+                p[cancels[name].to(p.device)] += by
+
+
+def assert_every_parameter_learns(model: nn.Module) -> None:
+    """After a backward pass: every parameter entry that can change the loss gets a non-zero gradient (somewhere in
+    its tensor: an embedding row of a word no caption holds learns nothing from that batch), and the entries that
+    cancel by construction (`cancelling_entries`) get zero up to rounding: float sums of terms that cancel exactly
+    in real arithmetic come out 0 or a few ulps of the terms, depending on the CPU's kernels and the thread count.
+    The allowance is relative to the largest gradient: 1e-5 of it in float32, 1e-12 in float64 (seen: up to 2e-7 and
+    1e-16 on an AVX-512 machine, exactly 0 on another; the smallest real gradient seen, location attention's U, is
+    2e-5 of it: whether an entry learns is told by != 0, never by that allowance)."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    absent = [n for n, p in params.items() if p.grad is None]
+    assert not absent, f"no gradient: {absent}"
+    scale = max(float(p.grad.abs().max()) for p in params.values())
+    assert scale > 0, "every gradient is zero"
+    cancels = cancelling_entries(model)
+    unknown = sorted(set(cancels) - {n for n, _ in model.named_parameters()})
+    assert not unknown, f"cancelling entries named that are no parameter: {unknown}"
+    none = torch.zeros((), dtype=torch.bool)
+    silent, leaks = [], []
+    for n, p in params.items():
+        zero = cancels.get(n, none).to(p.device).expand_as(p)
+        noise = (1e-12 if p.dtype == torch.float64 else 1e-5) * scale
+        if bool(zero.any()) and float(p.grad[zero].abs().max()) > noise:
+            leaks.append(f"{n} ({float(p.grad[zero].abs().max()):.3g}, allowed {noise:.3g})")
+        if not bool(zero.all()) and not bool((p.grad[~zero] != 0).any()):
+            silent.append(n)
+    assert not silent, f"zero gradient: {silent}"
+    assert not leaks, f"a gradient on entries that cancel in a softmax: {leaks}"
 
 
 def tiny_overrides(root: str | os.PathLike, *extra: str, sizes: tuple[int, int, int] = (48, 12, 12),

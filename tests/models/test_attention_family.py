@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
+from fixtures import TINY_MODEL, assert_every_parameter_learns
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -115,9 +115,7 @@ def test_every_parameter_gets_a_gradient_inside_the_captioner(name):
     assert out.alphas.shape == (6, 6, 64)
     torch.testing.assert_close(out.alphas.sum(-1), torch.ones(6, 6))
     caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    missing = [n for n, p in model.named_parameters()
-               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
-    assert not missing, missing
+    assert_every_parameter_learns(model)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
+from fixtures import TINY_MODEL, assert_every_parameter_learns, cancelling_entries, shift_cancelling_entries
 from omegaconf import OmegaConf
 
 from captioning.factory import registry
@@ -48,8 +48,28 @@ def test_every_parameter_gets_a_gradient(tiny_model):
     images, captions, idx = _batch()
     out = tiny_model(images, captions, idx)
     caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    missing = [n for n, p in tiny_model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
-    assert not missing, missing
+    assert_every_parameter_learns(tiny_model)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_the_score_bias_changes_no_output(attention):
+    """What assert_every_parameter_learns expects a zero gradient of: the attention's score bias b (e + b on every
+    region's score) changes no logit, alpha, sampled region, log p(s_t) or entropy."""
+    config = {**TINY_MODEL["attention"], "_target_": f"captioning.models.attention.{attention.title()}Attention"}
+    torch.manual_seed(0)
+    model = build_captioner({**TINY_MODEL, "attention": config}, vocab_size=12).train()
+    images, captions, idx = _batch()
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(4)
+        outs.append(model(images, captions, idx))
+        shift_cancelling_entries(model)
+    assert set(cancelling_entries(model)) == {"decoder.attention.w.bias"}
+    for name in ("logits", "alphas", "log_probs", "entropies"):
+        want, got = getattr(outs[0], name), getattr(outs[1], name)
+        assert (want is None) == (attention == "soft" and name in ("log_probs", "entropies")), name
+        if want is not None:
+            torch.testing.assert_close(got, want)
 
 
 def test_masked_regions_get_zero_weight():

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
+from fixtures import TINY_MODEL, assert_every_parameter_learns
 from hydra import compose, initialize_config_dir
 from torch import nn
 
@@ -165,8 +165,7 @@ def test_every_parameter_gets_a_gradient_with_the_options_on(attention, sampled)
     if out.log_probs is not None:  # REINFORCE: the only path from the loss to the attention's weights
         loss = loss + out.log_probs.sum()
     loss.backward()
-    for name, p in dec.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_learns(dec)
 
 
 def _grads(dec: nn.Module) -> dict[str, torch.Tensor]:

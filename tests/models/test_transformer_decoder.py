@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, masked_annotations, padded_captions
+from fixtures import (
+    TINY_MODEL,
+    assert_every_parameter_learns,
+    cancelling_entries,
+    masked_annotations,
+    padded_captions,
+    shift_cancelling_entries,
+)
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -30,10 +37,6 @@ def _model(name: str = "multihead", **decoder):
     return build_captioner({**TINY_MODEL, "attention": attention, "decoder": dec}, vocab_size=V)
 
 
-def _missing_gradients(model: torch.nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-
-
 def test_conf_decoder_transformer_selects_multihead_cross_attention():
     model = _model()
     assert isinstance(model.decoder, TransformerDecoder) and len(model.decoder.layers) == 2
@@ -55,7 +58,21 @@ def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
     torch.testing.assert_close(out.alphas.sum(-1), torch.ones(N, T))
     assert (out.betas == 1).all() and out.log_probs is None
     caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    assert not _missing_gradients(model)
+    assert_every_parameter_learns(model)
+
+
+def test_the_key_and_score_biases_change_no_output():
+    """What assert_every_parameter_learns expects a zero gradient of: the self-attentions' key biases (q^T b_k, the
+    same for every key) and the soft cross-attention's score bias change no logit or map."""
+    model = _model("soft", encoder_layers=1).eval()
+    captions, idx, images = padded_captions(), torch.arange(3).repeat_interleave(2), torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = model(images, captions, idx)
+        shift_cancelling_entries(model)
+        got = model(images, captions, idx)
+    assert {n.rsplit(".", 2)[-2] for n in cancelling_entries(model)} == {"qkv", "w"} and len(cancelling_entries(model)) == 5
+    torch.testing.assert_close(got.logits, want.logits)
+    torch.testing.assert_close(got.alphas, want.alphas)
 
 
 @pytest.mark.parametrize("name", ["hard", "location"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, compose_tiny_train, masked_annotations, padded_captions
+from fixtures import TINY_MODEL, assert_every_parameter_learns, compose_tiny_train, masked_annotations, padded_captions
 from omegaconf import OmegaConf
 
 from captioning.factory.checkpoints import load_model
@@ -80,8 +80,7 @@ def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
     torch.testing.assert_close(out.alphas.sum(-1), torch.ones(N, T))
     assert (out.betas == 1).all() and out.log_probs is None
     caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, missing
+    assert_every_parameter_learns(model)
 
 
 def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
@@ -95,8 +94,7 @@ def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
     terms = hard_attention_loss(out.logits, captions[:, 1:], out.alphas, out.log_probs, out.entropies, 0,
                                 MovingAverageBaseline(0.9), reward_weight=1.0, entropy_weight=0.01)
     terms.total.backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, missing
+    assert_every_parameter_learns(model)
 
 
 @pytest.mark.parametrize("name", NAMES)
