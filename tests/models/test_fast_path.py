@@ -443,8 +443,8 @@ def test_sampling_drops_finished_images_and_samples_the_rest_as_if_alone(kind, n
         T = alone.tokens.shape[1]
         for field in ("tokens", "mask", "log_probs", "alphas", "region_log_probs", "entropies"):
             x, y = getattr(alone, field), getattr(together, field)
-            if x is not None:
-                torch.testing.assert_close(x, y[3 * i:3 * i + 3, :T], atol=1e-6, rtol=1e-5)
+            if x is not None:  # words and masks exactly; the rest from batches of another size: to rounding
+                torch.testing.assert_close(x, y[3 * i:3 * i + 3, :T], atol=1e-5, rtol=1e-5)
                 if field in ("tokens", "mask", "log_probs"):  # the rest is masked (as the losses do)
                     assert not y[3 * i:3 * i + 3, T:].any()  # nothing after the image's last sample ended
         _sample_loss(alone).backward()
