@@ -7,10 +7,12 @@ bits, and a caption compared across two computations (a batch against one image 
 plain PyTorch, ONNX Runtime against PyTorch) is the same on every machine only if no decision along the way (argmax,
 beam ranking, a sampled word) rests on a near-tie. With this plugin, greedy decoding, beam search and SCST sampling
 see every logit moved by a relative amount of about CAPTIONING_ROUNDING_NOISE (1e-6 if unset; float32 rounding is
-6e-8), drawn from the bits of the logit's own row: two bit-identical rows (the same arithmetic) get the same noise,
-so exact comparisons of the same computation still hold, while rows that differ in any bit get independent noise,
-as if that rounding difference had been that large. A test that passes with it compares decisions whose margins are
-far above any machine's rounding. tests/test_rounding.py runs the decoding tests with it (slow tier).
+6e-8), drawn from the bits of the logit's row and the size of its batch. Bit-identical rows in batches of one size
+(the same arithmetic) get the same noise, so exact comparisons of one computation still hold; rows that differ in
+any bit, or come from batches of another size (whose matrix products another CPU may sum in another order, even
+where this one does not), get independent noise, as if that rounding difference had been that large. A test that
+passes with it compares decisions whose margins are far above any machine's rounding. tests/test_rounding.py runs
+the decoding tests with it (slow tier).
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ _word_log_probs = decoding.word_log_probs
 
 
 def row_noise(logits: torch.Tensor) -> torch.Tensor:
-    """Standard normal noise (..., V), each row's drawn from a hash of that row's bits."""
+    """Standard normal noise (..., V), each row's drawn from a hash of that row's bits and of the number of rows."""
     x = logits.detach().to("cpu").contiguous()
     V = x.shape[-1]
     bits = x.view(_BITS[x.dtype]).to(torch.int64).view(-1, V)
     weights = torch.arange(1, V + 1, dtype=torch.int64) * 2654435761 % 4294967291
-    seeds = ((bits * weights).sum(1) % 2147483647).tolist()
+    seeds = ((bits * weights).sum(1) * (bits.shape[0] + 1) % 2147483647).tolist()  # the batch's size too
     rows = [torch.randn(V, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in seeds]
     return torch.stack(rows).view(x.shape) if rows else torch.zeros(x.shape, dtype=torch.float64)
 

@@ -29,6 +29,7 @@ def test_the_noise_follows_each_rows_bits():
     x[1, 4] = x[0, 4].nextafter(torch.tensor(10.0))  # one ulp apart
     noise = row_noise(x)
     assert torch.equal(noise[0], noise[2]) and not torch.isclose(noise[0], noise[1]).any()
+    assert not torch.isclose(row_noise(x[:1])[0], noise[0]).any()  # the same row in a batch of another size
     assert torch.equal(row_noise(x.double()[:1]), row_noise(x.double()[:1])) and noise.std() > 0.5
     special = special_ids(x.device)
     got, plain = noisy_word_log_probs(x, special), word_log_probs(x, special)

@@ -252,6 +252,8 @@ def test_beam_one_is_exactly_greedy_on_random_decoders(kind, seed):
     dec, a = _decoder(kind, seed, end_bias=1.5)
     g, b = greedy_decode(dec, a, max_len=10), beam_search(dec, a, beam_size=1, max_len=10)
     assert g.tokens == b.tokens
+    # bit for bit: with k = 1 both run the decoder on the same rows at every step (a finished caption and a done
+    # image drop out at the same step), so the same arithmetic on any machine
     torch.testing.assert_close(g.scores, b.scores, rtol=0, atol=0)
     for ga, ba in zip(g.alphas, b.alphas):
         torch.testing.assert_close(ga, ba, rtol=0, atol=0)
@@ -290,7 +292,8 @@ def test_alternatives_are_real_hypotheses_ranked_and_leave_the_search_unchanged(
     plain = beam_search(dec, a, beam_size=3, max_len=max_len, length_penalty=lp)
     out = beam_search(dec, a, beam_size=3, max_len=max_len, length_penalty=lp, n_best=n)
     assert plain.alternatives is None and out.tokens == plain.tokens
-    torch.testing.assert_close(out.scores, plain.scores, rtol=0, atol=0)
+    # the longer search runs its last steps in batches of another size (fewer images drop out): to rounding
+    torch.testing.assert_close(out.scores, plain.scores)
     assert out.alternatives is not None and len(out.alternatives) == a.shape[0]
     assert max(len(alts) for alts in out.alternatives) > 1  # the pool found others
     for i, alts in enumerate(out.alternatives):
