@@ -122,7 +122,8 @@ class SoftAttention(Attention):
         super().__init__(annotation_dim, hidden_dim)
         self.W_a = nn.Linear(annotation_dim, attention_dim)  # carries the bias b
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)
-        self.w = nn.Linear(attention_dim, 1)
+        self.w = nn.Linear(attention_dim, 1)  # its bias adds one constant to every score: it cancels in the softmax
+        # and gets no gradient, kept as arctic-captions keeps it (decoder_c_tt) so that seeded runs draw as before
         # Created last, and only when asked for: W_a, W_h and w draw the same initial values either way.
         self.key_mlp = _key_layers(attention_dim, attention_layers - 1) if attention_layers > 1 else None
 
