@@ -117,8 +117,9 @@ def assert_every_parameter_learns(model: nn.Module) -> None:
     for n, p in params.items():
         zero = cancels.get(n, none).to(p.device).expand_as(p)
         noise = (1e-12 if p.dtype == torch.float64 else 1e-5) * scale
-        if bool(zero.any()) and float(p.grad[zero].abs().max()) > noise:
-            leaks.append(f"{n} ({float(p.grad[zero].abs().max()):.3g}, allowed {noise:.3g})")
+        leak = float(p.grad[zero].abs().max()) if bool(zero.any()) else 0.0
+        if leak > noise:
+            leaks.append(f"{n} ({leak:.3g}, allowed {noise:.3g})")
         if not bool(zero.all()) and not bool((p.grad[~zero] != 0).any()):
             silent.append(n)
     assert not silent, f"zero gradient: {silent}"
