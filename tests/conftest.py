@@ -48,11 +48,26 @@ def tiny_model() -> Captioner:
     return build_captioner(TINY_MODEL, vocab_size=12)
 
 
+SHARED_SHAPES: dict[Path, bytes] = {}  # the shared set's meta.json as made, to check no test regenerates it
+
+
 @pytest.fixture(scope="session")
 def shapes_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small shapes data set shared by the tests that need real files."""
+    """A small shapes data set shared by the tests that need real files (tiny_overrides' settings)."""
     root = tmp_path_factory.mktemp("shapes")
-    return build_shapes(root, seed=1, num_train=48, num_val=12, num_test=12, image_size=32, object_scale=1.0)
+    path = build_shapes(root, seed=1, num_train=48, num_val=12, num_test=12, image_size=32, object_scale=1.0)
+    SHARED_SHAPES[root / "meta.json"] = (root / "meta.json").read_bytes()
+    return path
+
+
+@pytest.fixture(autouse=True)
+def shared_shapes_kept() -> Iterator[None]:
+    """A test that runs on the shared set with other generation settings regenerates it under the tests after it
+    (and under a parallel sweep's jobs): it fails here, instead of them."""
+    yield
+    for meta, made in SHARED_SHAPES.items():
+        assert meta.read_bytes() == made, f"this test regenerated the shared shapes set {meta.parent} with other " \
+            "settings: give it its own dataset.root, or tiny_overrides' generation settings"
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import torch
 from fixtures import TINY_CHANNELS, TINY_MODEL, TINY_POOLS, compose_tiny_train, fail_writes
 from PIL import Image
 
+from captioning.base.lock import LOCK_NAME
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.dataset import CaptionDataset
 from captioning.data.features import extract_features
@@ -157,10 +158,10 @@ def test_a_failed_prepared_set_leaves_no_set_nor_temporary_folder_and_the_next_r
         in_memory = load_table(cfg)
     assert failed and in_memory is not None and len(in_memory.split("train")) == 20  # the run goes on in memory
     assert _message(failed[0], errno.ENOSPC) in caplog.text and failed[0].parent.name.startswith(".")
-    assert _files(tmp_path / "prepared") == []  # no set, no temporary folder
+    assert _files(tmp_path / "prepared") == [LOCK_NAME]  # no set, no temporary folder (the lock file stays)
     monkeypatch.undo()
     load_table(cfg)
-    (built,) = (tmp_path / "prepared").iterdir()
+    (built,) = (p for p in (tmp_path / "prepared").iterdir() if p.name != LOCK_NAME)
     assert (built / "manifest.json").is_file() and not built.name.startswith(".")
 
 

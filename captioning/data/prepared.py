@@ -13,7 +13,8 @@ A set is written into a temporary folder and renamed into place when complete, w
 half-written set is never used. One that fails to open (a file missing, truncated, or inconsistent) is rebuilt.
 A folder that cannot be written (read-only, disk full) leaves the run with its captions in memory and a warning
 naming the file that failed (`cannot write FILE: No space left on device`); the temporary folder is removed, and
-the next run builds the set again.
+the next run builds the set again. A set is built under the folder's lock (its `.lock`): processes started together
+(a sweep's jobs) build it once, the others wait and open it.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from captioning.base.files import write_error
+from captioning.base.lock import FolderLock
 from captioning.base.signature import file_parameters
 from captioning.data.captions import CaptionTable
 from captioning.data.jsonio import load_json, write_json_atomic
@@ -190,26 +192,54 @@ def open_or_prepare(root: str | os.PathLike, reader: Callable[..., Any], reader_
     key = content_key(reader_spec, files)
     folder = root / _digest(key)
     start = time.perf_counter()
-    if (folder / MANIFEST).is_file():
-        try:
-            table = _open(folder, key)
-            logger.info("prepared captions: opened %s in %.2f s", folder, time.perf_counter() - start)
-            return table
-        except (OSError, ValueError) as err:
-            logger.warning("prepared captions at %s are damaged (%s); building them again", folder, err)
-    else:
+    if (table := _open_existing(folder, key, start)) is not None:
+        return table
+    with _building(root, write) as waited:
+        if waited and (table := _open_existing(folder, key, start)) is not None:
+            return table  # another process (a sweep's other job) built it while this one waited
         logger.info("prepared captions: building %s (%s)", folder, _why(key, known))
-    with collector_paused():
-        table = CaptionTable.from_records(read())
-    if not write:
-        return table
-    try:
-        _write(table, root, folder.name, key, files)
-        table = _open(folder, key)  # the run reads what later runs will: the memory-mapped set
-    except OSError as err:
-        logger.warning("prepared captions could not be written to %s (%s); this run keeps them in memory. Set "
-                       "dataset.prepared to a writable folder (or null to read the annotations every time)", root, err)
-        return table
-    _remove_superseded(known, key)
+        with collector_paused():
+            table = CaptionTable.from_records(read())
+        if not write:
+            return table
+        try:
+            _write(table, root, folder.name, key, files)
+            table = _open(folder, key)  # the run reads what later runs will: the memory-mapped set
+        except OSError as err:
+            logger.warning("prepared captions could not be written to %s (%s); this run keeps them in memory. Set "
+                           "dataset.prepared to a writable folder (or null to read the annotations every time)",
+                           root, err)
+            return table
+        _remove_superseded(known, key)
     logger.info("prepared captions: built %s in %.1f s", folder, time.perf_counter() - start)
     return table
+
+
+def _open_existing(folder: Path, key: Mapping[str, Any], start: float) -> CaptionTable | None:
+    """The set at `folder` if it is there and sound; None (with a warning if it is damaged) otherwise."""
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        table = _open(folder, key)
+    except (OSError, ValueError) as err:
+        logger.warning("prepared captions at %s are damaged (%s); building them again", folder, err)
+        return None
+    logger.info("prepared captions: opened %s in %.2f s", folder, time.perf_counter() - start)
+    return table
+
+
+@contextlib.contextmanager
+def _building(root: Path, write: bool) -> Iterator[bool]:
+    """Hold the lock of `root` while a set is built there (yields whether another process held it first):
+    processes started together build it once. Without `write`, or where no lock file can be made (a read-only
+    folder: nothing will be stored there either), the set is built without one."""
+    lock, waited = FolderLock(root, "caption preparation", wait=True), False
+    if write:
+        try:
+            waited = lock.acquire()
+        except OSError as err:
+            logger.debug("prepared captions: no lock in %s (%s)", root, err)
+    try:
+        yield waited
+    finally:
+        lock.release()

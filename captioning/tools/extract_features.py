@@ -40,8 +40,8 @@ def extract(cfg: DictConfig) -> FeatureCache:
     check_frozen(encoder)
     encoder.to(device)
     records = load_records(cfg.dataset, list(cfg.splits))
-    # one extraction writes into a cache folder at a time
-    with FolderLock(cfg.dataset.features, "feature extraction", "extract into another folder (dataset.features=...)"):
+    # one extraction writes into a cache folder at a time; one started meanwhile waits, then finds the cache filled
+    with FolderLock(cfg.dataset.features, "feature extraction", wait=True):
         return extract_features([r for rs in records.values() for r in rs], encoder,
                                 cast(dict[str, Any], OmegaConf.to_container(cfg.encoder, resolve=True)),
                                 Path(cfg.dataset.features),

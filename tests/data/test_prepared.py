@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from captioning.base.lock import LOCK_NAME
 from captioning.data import prepared
 from captioning.data.captions import SplitView, caption_counts, caption_lengths
 from captioning.data.dataset import CaptionDataset
@@ -34,6 +35,11 @@ def _karpathy(tmp_path: Path, seed: int = 0) -> Path:
     path = tmp_path / "dataset_coco.json"
     path.write_text(json.dumps(data))
     return path
+
+
+def _sets(tmp_path: Path) -> list[Path]:
+    """What tmp_path/prepared holds but its lock file: the sets, and any temporary folder."""
+    return [p for p in (tmp_path / "prepared").iterdir() if p.name != LOCK_NAME]
 
 
 def _cfg(annotations: Path, folder: Path | None, **extra) -> dict:
@@ -111,7 +117,7 @@ def test_a_matching_set_is_reused_without_reading_the_annotations(tmp_path, monk
     with caplog.at_level(logging.INFO, "captioning.data.prepared"):
         again = load_table({**cfg, "min_word_freq": 5})  # applied on open: not part of the content
     assert "opened" in caplog.text and "building" not in caplog.text
-    assert again.words == first.words and len(list((tmp_path / "prepared").iterdir())) == 1
+    assert again.words == first.words and len(list(_sets(tmp_path))) == 1
 
 
 @pytest.mark.parametrize("change", ["file content", "image_root", "tokenizer", "format"])
@@ -142,7 +148,7 @@ def test_each_setting_that_decides_the_content_rebuilds_it_and_says_why(change, 
     for s in SPLITS:
         _same_records(after.split(s), expected[s])
     if change == "file content":  # the set of the file's earlier content cannot match again: removed
-        assert len([p for p in (tmp_path / "prepared").iterdir()]) == 1
+        assert len([p for p in _sets(tmp_path)]) == 1
         assert after.split("train")[0].raw[0] == "a brand new caption" != before.split("train")[0].raw[0]
 
 
@@ -159,7 +165,7 @@ def test_a_damaged_set_is_rebuilt(damage, tmp_path, caplog):
     path = _karpathy(tmp_path)
     cfg = _cfg(path, tmp_path / "prepared")
     load_table(cfg)
-    (folder,) = [p for p in (tmp_path / "prepared").iterdir()]
+    (folder,) = [p for p in _sets(tmp_path)]
     if damage == "truncated array":
         f = folder / "train.tokens.npy"
         f.write_bytes(f.read_bytes()[:-40])
@@ -196,7 +202,7 @@ def test_a_half_written_set_is_never_used(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         load_table(cfg)
     monkeypatch.undo()
-    assert not any((p / "manifest.json").exists() for p in (tmp_path / "prepared").iterdir())
+    assert not any((p / "manifest.json").exists() for p in _sets(tmp_path))
     table = load_table(cfg)
     _same_records(table.split("test"), read_karpathy_splits(["test"], path, path.parent / "images")["test"])
 
@@ -238,7 +244,7 @@ def test_a_set_without_its_manifest_is_replaced_and_one_finished_meanwhile_is_ke
     path = _karpathy(tmp_path)
     cfg = _cfg(path, tmp_path / "prepared")
     load_table(cfg)
-    (folder,) = [p for p in (tmp_path / "prepared").iterdir()]
+    (folder,) = [p for p in _sets(tmp_path)]
     manifest = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").unlink()  # e.g. removed by hand: the arrays alone are never trusted
     with caplog.at_level(logging.INFO, "captioning.data.prepared"):
@@ -249,4 +255,4 @@ def test_a_set_without_its_manifest_is_replaced_and_one_finished_meanwhile_is_ke
     before = (folder / "manifest.json").stat().st_mtime_ns
     assert prepared._write(table, tmp_path / "prepared", folder.name, manifest["content"], manifest["files"]) == folder
     assert (folder / "manifest.json").stat().st_mtime_ns == before
-    assert [p.name for p in (tmp_path / "prepared").iterdir()] == [folder.name]  # no temporary folder left
+    assert [p.name for p in _sets(tmp_path)] == [folder.name]  # no temporary folder left

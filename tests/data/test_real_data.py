@@ -4,6 +4,9 @@ training, the feature cache (same captions as on-the-fly encoding), evaluation, 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import threading
 import urllib.error
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import torchvision
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from captioning.base.lock import LOCK_NAME, FolderInUseError, FolderLock
+from captioning.base.lock import LOCK_NAME, FolderLock
 from captioning.data.coco_captions import read_coco_captions
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.features import FeatureCache
@@ -224,14 +227,21 @@ def test_mismatched_or_incomplete_cache_is_refused(tmp_path):
         extract(_compose("extract_features", *data, *TINY))
 
 
-def test_a_second_extraction_into_a_cache_in_use_is_refused(tmp_path):
+def test_a_second_extraction_into_a_cache_in_use_waits_for_it(tmp_path, caplog):
     data = make_dataset(tmp_path / "data", "karpathy")
     cfg = _compose("extract_features", *data, *TINY, f"dataset.features={tmp_path / 'features'}")
-    with FolderLock(tmp_path / "features", "feature extraction"):  # another extraction holds the folder
-        with pytest.raises(FolderInUseError, match=r"features is in use by another feature extraction \(PID \d+\)"):
-            extract(cfg)
-        assert [p.name for p in (tmp_path / "features").iterdir()] == [LOCK_NAME]  # nothing written
-    assert len(extract(cfg)) == 12  # its own lock file does not make the folder "not a feature cache"
+    done: list[int] = []
+    with caplog.at_level(logging.INFO, logger="captioning.base.lock"):
+        with FolderLock(tmp_path / "features", "feature extraction"):  # another extraction holds the folder
+            second = threading.Thread(target=lambda: done.append(len(extract(cfg))))
+            second.start()
+            second.join(timeout=1.0)
+            assert second.is_alive() and not done  # it waits ...
+            assert [p.name for p in (tmp_path / "features").iterdir()] == [LOCK_NAME]  # ... and has written nothing
+        second.join(timeout=120)
+    assert done == [12]  # then fills the cache: its own lock file does not make the folder "not a feature cache"
+    assert [r.getMessage() for r in caplog.records if r.name == "captioning.base.lock"] == [
+        f"waiting for PID {os.getpid()}'s feature extraction in {tmp_path / 'features'} to end"]
 
 
 def test_interrupted_extraction_resumes_where_it_stopped(tmp_path, monkeypatch):

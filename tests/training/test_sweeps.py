@@ -23,9 +23,10 @@ from captioning.tools.report import main as report_main
 CONF = str(CONF_DIR)
 
 
-def _tiny(shapes_json):
-    """Overrides for a model and data set small enough that a run takes seconds (as in test_training.py)."""
-    return [f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
+def _tiny(root):
+    """Overrides for a model and data set (generated under `root`) small enough that a run takes seconds (as in
+    test_training.py)."""
+    return [f"dataset.root={root}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
             "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
             "dataset.generate.object_scale=1.0", "attention.attention_dim=16", "dataset.batch_size=8",
             *TINY_ENCODER, "decoder.embed_dim=16", "decoder.hidden_dim=32",
@@ -47,20 +48,24 @@ def _compose_hydra(*overrides):
 
 
 @pytest.mark.integration
-def test_joblib_sweep_of_two_values_and_its_report(shapes_json, tmp_path, capsys):
+def test_joblib_sweep_of_two_values_and_its_report(tmp_path, capsys):
     # Beam size only changes test decoding, so both runs train the same seeded model: a check of repeatability
-    # across two parallel worker processes.
+    # across two parallel worker processes. The data folder is new: both jobs ask for the data set at once, one
+    # generates it and the other waits (or finds it made), as on a fresh machine.
+    data = tmp_path / "data"
     sweep = _multirun(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "eval.beam_size=1,2",
-                      *_tiny(shapes_json))
+                      *_tiny(data))
     runs = collect_runs(sweep)
     assert [r.path.name for r in runs] == ["0", "1"] and all(r.finished for r in runs)
+    logs = [(r.path / "train.log").read_text() for r in runs]
+    assert sum("generated 72 shapes images" in log for log in logs) == 1, logs
     assert [r.overrides["eval.beam_size"] for r in runs] == ["1", "2"]
     assert [r.metrics["beam_size"] for r in runs] == [1, 2]
     for run in runs:  # the resolved config of each run, beside its results
         text = (run.path / "config.yaml").read_text()
         cfg = OmegaConf.create(text)
         assert "${" not in text and cfg.eval.beam_size == run.metrics["beam_size"]
-        assert cfg.dataset.root == str(Path(shapes_json).parent) and cfg.seed == 0
+        assert cfg.dataset.root == str(data) and cfg.seed == 0
     histories = [json.loads((r.path / "history.json").read_text()) for r in runs]
     for key in ("loss", "token_nll", "val_CIDEr", "val_Bleu_4"):
         assert histories[0][0][key] == histories[1][0][key], key
@@ -74,6 +79,20 @@ def test_joblib_sweep_of_two_values_and_its_report(shapes_json, tmp_path, capsys
     assert [row.split(" | ")[0] for row in table[2:]] == ["| 1", "| 2"]  # one row per run, both finished
     assert "failed/unfinished" not in out and (tmp_path / "report.csv").is_file()
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_joblib_sweep_on_a_fresh_data_folder_passes_ten_times_in_a_row(tmp_path):
+    """The CI case of a parallel sweep's first jobs generating the data set at once, repeated (about 3 min)."""
+    for attempt in range(10):
+        data, folder = tmp_path / f"data{attempt}", tmp_path / f"try{attempt}"
+        folder.mkdir()
+        runs = collect_runs(_multirun(folder, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                                      "eval.beam_size=1,2", *_tiny(data)))
+        assert [r.finished for r in runs] == [True, True], attempt
+        logs = [(r.path / "train.log").read_text() for r in runs]
+        assert sum("generated 72 shapes images" in log for log in logs) == 1, (attempt, logs)
 
 
 def test_joblib_launcher_preset():
@@ -125,7 +144,7 @@ def test_optuna_sweep_returns_the_best_validation_cider(shapes_json, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e .[cluster]")
     # Fixed values on the command line take their keys out of the preset's search space.
     sweep = _multirun(tmp_path, "hydra/sweeper=optuna_cider", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
-                      *_tiny(shapes_json))
+                      *_tiny(Path(shapes_json).parent))
     runs = collect_runs(sweep)
     assert len(runs) == 2 and all(r.finished for r in runs)
     assert {"optim.lr", "decoder.dropout", "objective.attention_weight"} <= set(runs[0].overrides)
@@ -140,7 +159,7 @@ def test_submitit_launcher_runs_a_sweep(shapes_json, tmp_path):
     # The SLURM preset's launcher code with submitit's local executor: jobs are pickled, run in their own
     # processes and write their folders as on a cluster.
     sweep = _multirun(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", "eval.beam_size=1,2",
-                      *_tiny(shapes_json))
+                      *_tiny(Path(shapes_json).parent))
     runs = collect_runs(sweep)
     assert [r.metrics.get("beam_size") for r in runs] == [1, 2]
     assert (sweep / ".submitit").is_dir()
