@@ -16,7 +16,6 @@ import json
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from captioning.reporting.html import image_data_uri, quantize_maps
 from captioning.reporting.page import HEATMAP_JS
 
 if TYPE_CHECKING:
@@ -36,6 +35,8 @@ def too_large_message(size_bytes: int, limit_bytes: int) -> str:
 
 def result_payload(result: CaptionResult) -> dict[str, Any]:
     """The JSON answer for one image: caption, words, log-probability, alternatives, the view and its word maps."""
+    from captioning.reporting.html import image_data_uri, quantize_maps  # here: reporting.html imports torch
+
     _, h, w = result.attention.shape  # (T, h, w)
     return {
         "caption": result.caption, "words": list(result.words), "log_prob": round(result.log_prob, 4),

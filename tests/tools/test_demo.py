@@ -1,14 +1,17 @@
-"""captioning-demo: the page, the upload checks and the captions over HTTP, the command line, and the page in
-headless chromium (upload, hover heatmaps, errors)."""
+"""captioning-demo: the page, the upload checks and the captions over HTTP, the server's limits (idle and trickling
+clients dropped, a burst over the upload queue answered 503, connections over the cap refused), the command line,
+and the page in headless chromium (upload, hover heatmaps, errors)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import io
 import json
 import logging
 import re
+import select
 import signal
 import socket
 import struct
@@ -34,6 +37,7 @@ from captioning.data.karpathy import read_karpathy
 from captioning.data.vocab import END, Vocabulary
 from captioning.factory.models import build_captioner
 from captioning.inference.demo_page import DISPLAY_SIDE
+from captioning.inference.demo_server import ServerLimits
 from captioning.reporting.html import quantize_maps
 from captioning.tools.demo import main, make_server
 
@@ -81,14 +85,20 @@ def server(model):
     thread.join(5)
 
 
-def _post(server, data: bytes, name: str | None = None) -> tuple[int, dict]:
+def _upload(server, data: bytes, name: str | None = None) -> tuple[int, dict, dict]:
+    """POST bytes to /caption: the status, the answer's headers and its JSON."""
     headers = {"Content-Type": "application/octet-stream", **({"X-Filename": name} if name else {})}
     request = urllib.request.Request(server.url + "caption", data=data, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
+            return answer.status, dict(answer.headers), json.loads(answer.read())
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+        return err.code, dict(err.headers), json.loads(err.read())
+
+
+def _post(server, data: bytes, name: str | None = None) -> tuple[int, dict]:
+    status, _, answer = _upload(server, data, name)
+    return status, answer
 
 
 def _api(model, path: Path):
@@ -192,12 +202,158 @@ def test_one_log_line_per_request_and_one_decoding_at_a_time(server, model, imag
     assert all("\n" not in r.getMessage() for r in caplog.records)
 
 
+# -- under load: the server's limits ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _serving(model, **limits):
+    """A demo server with these ServerLimits, served from a thread on a free port of 127.0.0.1."""
+    srv = make_server(model, "127.0.0.1", 0, BEAM, ALTERNATIVES, MAX_LEN, LIMIT, ServerLimits(**limits))
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends on a connection until it closes it (within 10 s)."""
+    sock.settimeout(10)
+    chunks = []
+    while chunk := sock.recv(1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _trickle(address, head: bytes, drip: bytes, every: float) -> tuple[float, int, bytes]:
+    """Send `head`, then `drip` one byte every `every` seconds until the server answers or closes: the seconds from
+    the connection to its close, the bytes sent, and what the server sent."""
+    with socket.create_connection(address, timeout=10) as sock:
+        start = time.monotonic()
+        sock.sendall(head)
+        sent = len(head)
+        for byte in drip:
+            if select.select([sock], [], [], every)[0]:  # an answer, or the close
+                break
+            sock.sendall(bytes([byte]))
+            sent += 1
+        answer = _until_closed(sock)
+        return time.monotonic() - start, sent, answer
+
+
+def test_idle_and_trickling_clients_are_dropped_and_delay_no_one(model, images):
+    # Seconds, not the defaults' minutes; wide enough that the normal request fits before any drop on a busy machine.
+    timeout, deadline, every = 2.5, 3.5, 0.2
+    with _serving(model, workers=3, queue=1, timeout=timeout, deadline=deadline) as srv:
+        address = srv.server_address[:2]
+        idle = [socket.create_connection(address, timeout=10) for _ in range(6)]  # more than the workers
+        opened = time.monotonic()
+        slow_headers = b"POST /caption HTTP/1.1\r\nX-Filename: slow.png\r\nX-Pad: " + b"a" * 200
+        slow_body = b"POST /caption HTTP/1.1\r\nContent-Length: 1000\r\nX-Filename: slow.png\r\n\r\n"
+        trickled: dict[str, tuple[float, int, bytes]] = {}
+        tricklers = [threading.Thread(target=lambda k=k, head=head, drip=drip: trickled.update(
+            {k: _trickle(address, head, drip, every)})) for k, head, drip in (
+            ("headers", b"", slow_headers), ("body", slow_body, b"\0" * 1000))]
+        for t in tricklers:
+            t.start()
+        held = time.monotonic() + 5
+        while (len(srv.idle), srv.open_connections) != (6, 8) and time.monotonic() < held:
+            time.sleep(0.01)  # until both tricklers have left the idle ones for a worker: one of the three is left
+        assert (len(srv.idle), srv.open_connections) == (6, 8)
+        status, answer = _post(srv, images[0].read_bytes(), "meanwhile.png")
+        assert status == 200 and answer["caption"] == _api(model, images[0]).caption
+        assert time.monotonic() - opened < timeout and select.select(idle, [], [], 0)[0] == []  # none dropped yet
+        for sock in idle:
+            assert _until_closed(sock) == b""  # closed without an answer...
+            assert timeout - 0.05 <= time.monotonic() - opened < timeout + 4  # ...once silent for the time-out
+            sock.close()
+        for t in tricklers:
+            t.join(15)
+    took, sent, answer = trickled["headers"]
+    assert answer == b"" and deadline - 0.05 <= took < deadline + 4  # dropped at the deadline...
+    assert sent >= 10  # ...not by the time-out: it had sent a byte every 0.2 s
+    took, sent, answer = trickled["body"]
+    assert deadline - 0.05 <= took < deadline + 4 and sent - len(slow_body) >= 10
+    assert answer.startswith(b"HTTP/1.0 400 ")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "the upload stopped before its end: the request "
+                                                           f"did not arrive within {deadline:g} s (--deadline)"}
+
+
+def test_a_burst_over_the_upload_queue_gets_503_with_retry_after_and_the_rest_their_captions(model, images):
+    burst = [images[i % len(images)] for i in range(6)]
+    answers: list[tuple[Path, tuple[int, dict, dict]]] = []
+    with _serving(model, workers=4, queue=1, timeout=10, deadline=10) as srv:
+        srv.decoding.acquire()  # the model stays busy: 1 upload decodes, 1 waits (--queue 1), the other 4 are refused
+        try:
+            threads = [threading.Thread(target=lambda p=p: answers.append((p, _upload(srv, p.read_bytes(), p.name))))
+                       for p in burst]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 10
+            while len(answers) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            refused = list(answers)
+            with urllib.request.urlopen(srv.url, timeout=10) as page:  # a free worker answers the page meanwhile
+                assert page.status == 200
+        finally:
+            srv.decoding.release()
+        for t in threads:
+            t.join(30)
+    assert len(refused) == 4 and len(answers) == 6
+    for _, (status, headers, answer) in refused:
+        assert status == 503 and headers["Retry-After"] == "1"  # nothing decoded yet: the shortest wait
+        assert answer == {"error": "the server is busy: every place in the model's queue is taken (--queue 1); "
+                          "try again in 1 s"}
+    captioned = [(p, a) for p, (status, _, a) in answers if status == 200]
+    assert len(captioned) == 2 and all(a["caption"] == _api(model, p).caption for p, a in captioned)
+
+
+def test_connections_over_the_cap_are_refused_at_once(model, images):
+    with _serving(model, workers=2, queue=0, max_connections=3, timeout=10, deadline=10) as srv:
+        address = srv.server_address[:2]
+        held = [socket.create_connection(address, timeout=10) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while srv.open_connections < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with socket.create_connection(address, timeout=10) as extra:
+            start = time.monotonic()
+            answer = _until_closed(extra)
+            assert time.monotonic() - start < 2  # at once, not when a held one is dropped (10 s)
+        head, body = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.0 503 ") and b"\r\nRetry-After: 1\r\n" in head
+        assert json.loads(body) == {"error": "the server is busy: it has as many connections open as it takes "
+                                    "(--max-connections 3); try again in 1 s"}
+        for sock in held:
+            sock.close()
+        while srv.open_connections and time.monotonic() < deadline:  # the server sees them close
+            time.sleep(0.02)
+        assert srv.open_connections == 0 and _post(srv, images[0].read_bytes(), "after.png")[0] == 200
+
+
+@pytest.mark.integration
+def test_the_help_imports_no_torch():
+    script = ("import contextlib, io, sys\nfrom captioning.tools.demo import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+              "    main(['--help'])\n"
+              "print('--max-connections' in out.getvalue(), sorted({m.split('.')[0] for m in sys.modules} & "
+              "{'torch', 'torchvision', 'matplotlib'}))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "[]"], done.stderr
+
+
 # -- the command line -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
     (["--checkpoint", "missing.pt"], "checkpoint not found: missing.pt"),
     (["--checkpoint", "x.pt", "--port", "70000"], "expected a port number 0..65535"),
     (["--checkpoint", "x.pt", "--beam-size", "0"], "must be >= 1"),
     (["--checkpoint", "x.pt", "--alternatives", "-1"], "expected a whole number >= 0"),
+    (["--checkpoint", "x.pt", "--workers", "0"], "argument --workers: must be >= 1"),
+    (["--checkpoint", "x.pt", "--max-connections", "none"], "argument --max-connections: expected a whole number"),
+    (["--checkpoint", "x.pt", "--timeout", "0"], "argument --timeout: expected a number of seconds > 0, got '0'"),
+    (["--checkpoint", "x.pt", "--deadline", "inf"], "argument --deadline: expected a number of seconds > 0"),
+    (["--checkpoint", "x.pt", "--queue", "-2"], "argument --queue: expected a whole number >= 0"),
+    (["--checkpoint", "x.pt", "--workers", "4", "--queue", "3"], "--workers 4 is too few for --queue 3: "),
 ])
 def test_a_bad_option_or_checkpoint_is_one_error_line(args, message, capsys):
     with pytest.raises(SystemExit) as exc:

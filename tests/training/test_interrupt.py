@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration  # every test here starts a subprocess
 
 BIN = Path(sys.executable).parent
 TINY = ["dataset.generate.num_train=48", "dataset.generate.num_val=12", "dataset.generate.num_test=12",
-        "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.batch_size=4", *TINY_ENCODER,
+        "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.generate.object_scale=1.0",
+        "dataset.batch_size=4", *TINY_ENCODER,
         "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
         "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false", "device=cpu"]
 

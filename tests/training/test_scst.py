@@ -361,7 +361,8 @@ def test_cached_annotations_and_bf16(tiny):
 def _tiny_run(shapes_json, *extra):
     return _compose(f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
                     "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
-                    "dataset.generate.seed=1", "dataset.batch_size=8", *TINY_ENCODER,
+                    "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "dataset.batch_size=8",
+                    *TINY_ENCODER,
                     "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
                     "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false",
                     "device=cpu", *extra)
