@@ -4,23 +4,30 @@ Written through base/files.py's atomic writer (tmp file, fsync, rename), so an i
 disk) never leaves a broken file: the previous last.pt stays whole and the run stays resumable. A
 checkpoint is data, never code: it is read with `weights_only=True` (no pickled objects). Rebuilding a model
 from one (its config checked against the registry first) is `captioning.factory.checkpoints.load_model`.
+
+torch is imported by the functions that need it: `check_checkpoint_file` refuses a missing file, or one that is not
+the zip archive torch.save writes, before a command has loaded torch and the models.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from captioning.base.files import atomic_file
 from captioning.data.vocab import Vocabulary
-from captioning.models.captioner import Captioner
+
+if TYPE_CHECKING:
+    import torch
+
+    from captioning.models.captioner import Captioner
 
 FORMAT = "captioning/v1"
+MAX_STRUCTURE_BYTES = 64 << 20  # a checkpoint's pickled structure (no tensors) is far smaller; a larger one: torch.load
 
 
 def save_checkpoint(path: str | os.PathLike, model: Captioner, vocab: Vocabulary, config: dict[str, Any],
@@ -28,6 +35,8 @@ def save_checkpoint(path: str | os.PathLike, model: Captioner, vocab: Vocabulary
     """Write model weights, config (plain containers), vocabulary and `extra` (optimizer state, epoch...).
 
     A failed write raises an OSError `cannot write PATH: REASON` and leaves the file at `path` as it was."""
+    import torch
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "model": model.state_dict(), "config": config, "vocab": vocab.to_list(), **extra}
@@ -45,13 +54,38 @@ def _reason(err: Exception) -> str:
     return f"{type(err).__name__}: {first[:200]}" if first else type(err).__name__
 
 
+def check_checkpoint_file(path: str | os.PathLike) -> Path:
+    """Refuse, without torch, a file that cannot be a checkpoint: FileNotFoundError for a missing one, ValueError
+    for one that is not a zip archive (torch.save has written only those since PyTorch 1.6; mmap needs them) or
+    whose pickled structure (the archive's data.pkl: the dict, tensors stored apart) never names FORMAT, as a
+    torch.save file of another tool. What passes is checked in full by read_checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            structure = [i for i in archive.infolist() if i.filename.rsplit("/", 1)[-1] == "data.pkl"]
+            if len(structure) == 1 and structure[0].file_size <= MAX_STRUCTURE_BYTES:
+                names_format = FORMAT.encode() in archive.read(structure[0])
+            else:
+                names_format = True  # unusual: left to torch.load
+    except zipfile.BadZipFile:
+        raise ValueError(f"{path} is not a readable captioning checkpoint (not a file torch.save wrote)") from None
+    except (OSError, RuntimeError, ValueError) as err:  # unreadable, or a zip member torch never writes
+        raise ValueError(f"{path} is not a readable captioning checkpoint ({_reason(err)})") from err
+    if not names_format:
+        raise ValueError(f"{path} is not a captioning checkpoint (expected format {FORMAT!r}); "
+                         "was it written by another tool?")
+    return path
+
+
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint dict safely, with a clear error for a missing or foreign file (`mmap`: tensors mapped
     from the file, not read, for a look at its config)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    import torch
+
+    path = check_checkpoint_file(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # unpickling errors come in many types; all mean "not ours"
@@ -102,6 +136,8 @@ def check_weights(expected: Mapping[str, torch.Tensor], stored: Any, vocab_size:
     size that differs where the model has the vocabulary's size is named as the vocabulary's; a NaN or infinite
     value is refused too. Nothing is allocated: a config asking for more than its weights hold is refused before a
     model is built."""
+    import torch
+
     if not isinstance(stored, dict) or not all(isinstance(v, torch.Tensor) for v in stored.values()):
         raise ValueError(f"checkpoint {path}: its 'model' entry is not a state_dict of tensors")
     missing = [k for k in expected if k not in stored]

@@ -1,4 +1,7 @@
-"""Decode a split and score it as coco-caption does: `captioning-evaluate checkpoint=PATH [overrides]`."""
+"""Decode a split and score it as coco-caption does: `captioning-evaluate checkpoint=PATH [overrides]`.
+
+At module level only Hydra and the light helpers are imported: torch and the models load when the evaluation
+starts, so `--help`, a misspelt override or a checkpoint that is missing or no checkpoint answer at once."""
 
 from __future__ import annotations
 
@@ -12,15 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from captioning.base.lock import LOCK_NAME, FolderLock
+from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import fail, no_unused_folder, run_cli
-from captioning.config import validate_evaluate_config
+from captioning.config.help import print_app_help
 from captioning.config.overrides import check_overrides
-from captioning.data.features import open_features
-from captioning.evaluation.split import EvalSettings, evaluate_split, load_instances
-from captioning.factory.checkpoints import load_model
-from captioning.factory.datasets import build_datasets
-from captioning.models.captioner import compile_decoding, select_attention_map
-from captioning.runtime import CONF_DIR, resolve_device
+from captioning.runtime import CONF_DIR
 
 PROG = "captioning-evaluate"
 
@@ -36,8 +35,25 @@ def eval_dir(checkpoint: str, split: str, beam_size: int) -> str:
 OmegaConf.register_new_resolver("eval_dir", eval_dir, replace=True)  # used by conf/evaluate.yaml's hydra.run.dir
 
 
+def validate_evaluate_config(cfg: DictConfig) -> None:
+    """The config checked (captioning.config: a typo, bad value or missing checkpoint, naming the key), then its
+    checkpoint refused if it is no checkpoint file, all before torch loads (an evaluate config has no `_target_`
+    group to check against the models, unless it names a dataset)."""
+    from captioning.config import validate_evaluate_config as validate
+
+    validate(cfg)
+    check_checkpoint_file(cfg.checkpoint)
+
+
 def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Load a checkpoint, decode a split of its data set and write the scores; returns the metrics."""
+    from captioning.data.features import open_features
+    from captioning.evaluation.split import EvalSettings, evaluate_split, load_instances
+    from captioning.factory.checkpoints import load_model
+    from captioning.factory.datasets import build_datasets
+    from captioning.models.captioner import compile_decoding, select_attention_map
+    from captioning.runtime import resolve_device
+
     validate_evaluate_config(cfg)  # a typo, bad value or missing checkpoint fails here, naming the key
     device = resolve_device(cfg.device)
     model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
@@ -70,6 +86,8 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point `captioning-evaluate checkpoint=PATH [overrides]`."""
+    if print_app_help(sys.argv[1:], CONF_DIR, "evaluate"):  # Hydra's help text, without composing the config
+        return
     args = sys.argv[1:]
     asks_help = bool({"--help", "-h", "--hydra-help"} & set(args))
     if not any(a.lstrip("+").startswith("checkpoint=") for a in args) and not asks_help:

@@ -1,12 +1,16 @@
-"""Where a process runs: the conf/ folder, the device, the seed (one copy each, for every entry point)."""
+"""Where a process runs: the conf/ folder, the device, the seed (one copy each, for every entry point).
+
+torch and NumPy are imported by the functions that use them, so a command that only needs CONF_DIR (its --help,
+a misspelt override) answers before torch has loaded (tests/tools/test_cli_startup.py)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -17,9 +21,11 @@ class DeviceError(ValueError):
 
 
 def device_problem(name: str) -> str | None:
-    """Why `device=name` cannot run on this machine, or None when it can ('auto' always can)."""
-    if name == "auto":
+    """Why `device=name` cannot run on this machine, or None when it can ('auto' and 'cpu' always can)."""
+    if name in ("auto", "cpu"):
         return None
+    import torch
+
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -37,6 +43,8 @@ def device_problem(name: str) -> str | None:
 def resolve_device(name: str) -> torch.device:
     """'auto' picks CUDA when available; anything else is passed to torch.device. DeviceError (a ValueError: one
     line in every command) for a device this machine does not have."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if (problem := device_problem(name)) is not None:
@@ -46,6 +54,9 @@ def resolve_device(name: str) -> torch.device:
 
 def set_seed(seed: int) -> None:
     """Seed Python, NumPy and torch so runs repeat."""
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

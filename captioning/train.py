@@ -1,12 +1,16 @@
 """Train a captioner: `captioning-train [overrides]` (Hydra). With no arguments: soft attention on `shapes`.
 
 `train(cfg, out_dir)` is the plain function the Hydra app wraps (the tests and the notebook call it): the config
-checked, the run folder locked, the run's parts built (captioning/factory/run.py) and handed to the Trainer."""
+checked, the run folder locked, the run's parts built (captioning/factory/run.py) and handed to the Trainer.
+
+At module level only Hydra and the light helpers are imported: torch, the models and the trainer load when a run
+starts, so `--help` and a misspelt override answer at once (tests/tools/test_cli_startup.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import sys
 from contextlib import nullcontext
@@ -16,30 +20,41 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
-from torch.utils.tensorboard import SummaryWriter
 
 from captioning.base.files import write_text_atomic
+from captioning.base.lock import LOCK_NAME
 from captioning.base.moved import moved_override
-from captioning.checkpoint import read_checkpoint, same_model
+from captioning.checkpoint import check_checkpoint_file, read_checkpoint, same_model
 from captioning.cli import EXPECTED_ERRORS, no_unused_folder, run_cli, stopped
-from captioning.config import validate_train_config
+from captioning.config.help import print_app_help
 from captioning.config.overrides import check_overrides
-from captioning.factory.models import model_config
-from captioning.factory.run import build_trainer
-from captioning.runtime import CONF_DIR, set_seed
-from captioning.training import distributed
-from captioning.training.run_folder import LOCK_NAME, RunFolderError, claim_run_folder
-from captioning.training.stop import StopRequest, TrainingDiverged, TrainingInterrupted
-from captioning.training.trainer import SAME_MODEL
+from captioning.runtime import CONF_DIR
 
 PROG = "captioning-train"
 HYDRA_FILES = (".hydra", LOCK_NAME)  # with *.log: what a launch leaves before the run itself writes anything
 logger = logging.getLogger(__name__)
 
 
+def validate_train_config(cfg: DictConfig) -> None:
+    """The config checked by captioning.config, which loads the models to check their groups; a checkpoint to
+    start from (resume, init_from) that is not one is refused first, before torch loads."""
+    for key in ("resume", "init_from"):
+        path = cfg.get(key)
+        if isinstance(path, str) and path != "auto" and Path(path).is_file():  # a missing one: the check says so
+            check_checkpoint_file(path)
+    from captioning.config import validate_train_config as validate
+
+    validate(cfg)
+
+
 def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Train, then evaluate the best checkpoint on the test split; returns the test metrics. The run holds its
     folder's lock throughout; RunFolderError for a folder in use or holding a run it may not touch."""
+    from captioning.factory.models import model_config
+    from captioning.training import distributed
+    from captioning.training.run_folder import claim_run_folder
+    from captioning.training.trainer import SAME_MODEL
+
     validate_train_config(cfg)  # a typo or bad value fails here, naming the key, before any work
     distributed.init_from_env()  # under torchrun: join the process group (a no-op in a plain process)
     folder, resume_from = claim_run_folder(cfg, out_dir)
@@ -52,6 +67,13 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str, Any]:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from captioning.factory.run import build_trainer
+    from captioning.runtime import set_seed
+    from captioning.training import distributed
+    from captioning.training.stop import StopRequest, TrainingDiverged, TrainingInterrupted
+
     set_seed(cfg.seed)  # the same initial weights on every rank (a random encoder then matches its feature cache)
     if not distributed.is_main():
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 reports progress, the others only warnings
@@ -86,6 +108,9 @@ def hydra_main(cfg: DictConfig) -> float:
     leaves no empty run folder; Ctrl-C saves the run and prints the command that continues it (exit status 130); a
     diverging run (trainer.max_bad_steps non-finite steps in a row) is one `error:` line with that command (status 2;
     in a Hydra multirun a failed job, logged)."""
+    from captioning.training.run_folder import RunFolderError
+    from captioning.training.stop import TrainingDiverged, TrainingInterrupted
+
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     with open_dict(cfg):  # stored in checkpoints: evaluation and the notebook then find the data from any folder
         cfg.data_dir = str(Path(cfg.data_dir).absolute())
@@ -128,7 +153,13 @@ def rename_moved(argv: list[str]) -> list[str]:
 def main() -> None:
     """Console entry point `captioning-train [overrides]`, also under `torchrun --nproc_per_node=N -m
     captioning.train [overrides]` (one process per GPU; global batch = N x dataset.batch_size)."""
-    if distributed.init_from_env() is not None:
+    if print_app_help(sys.argv[1:], CONF_DIR, "train"):  # Hydra's help text, without composing the config
+        return
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # what distributed.env_from_os reads
+    if torchrun:  # join the process group first; a plain process imports torch only when its run starts
+        from captioning.training import distributed
+
+        distributed.init_from_env()
         sys.argv += distributed.torchrun_overrides(sys.argv[1:], CONF_DIR / "train.yaml")
     sys.argv[1:] = rename_moved(sys.argv[1:])
     # typos, bad values, missing files, a device this machine lacks: one line, before Hydra makes a run folder
@@ -136,7 +167,8 @@ def main() -> None:
     try:
         hydra_main()
     finally:
-        distributed.cleanup()
+        if torchrun:
+            distributed.cleanup()
 
 
 if __name__ == "__main__":

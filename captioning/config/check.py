@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from captioning.base.constraints import Problem, did_you_mean, split_annotated, value_problems
-from captioning.config.targets import target_problems
 
 Rules = Callable[[Mapping[str, Any]], Iterator[Problem]]
 RULES: dict[type, Rules] = {}
@@ -77,6 +76,14 @@ def validate(cfg: DictConfig | Mapping[str, Any], schema: type) -> None:
         raise ConfigError(problems)
 
 
+def _target_problems(v: Mapping[str, Any], key: str) -> Iterator[Problem]:
+    """captioning/config/targets.py's check of a `_target_` group, imported when a config has one: it loads the
+    registry (the models, torch), which a config of plain keys (captioning-evaluate's) does without."""
+    from captioning.config.targets import target_problems as check_target
+
+    return check_target(v, key)
+
+
 def _join(key: str, name: str) -> str:
     return f"{key}.{name}" if key else name
 
@@ -94,7 +101,7 @@ def _group(v: Mapping[str, Any], schema: type, key: str) -> Iterator[Problem]:
         if name in hints:
             continue
         if isinstance(value, dict) and "_target_" in value:  # a _target_ group the schema does not name
-            yield from target_problems(value, _join(key, name))
+            yield from _target_problems(value, _join(key, name))
         elif name not in extra:
             allowed = sorted(set(hints) | extra)
             hint = did_you_mean(name, allowed) or " (allowed: " + ", ".join(allowed) + ")"
@@ -115,7 +122,7 @@ def _value(v: Any, tp: Any, key: str) -> Iterator[Problem]:
         if not isinstance(v, dict):
             yield key, f"={v!r}: must be a group of keys" + (" with a _target_" if inner is Target else "")
         elif inner is Target:
-            yield from target_problems(v, key)
+            yield from _target_problems(v, key)
         else:
             yield from _group(v, inner, key)
     else:

@@ -54,8 +54,9 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
     """Raise OverrideError for the first override that names an unknown group, choice or key (see the docstring).
 
     With `validate` (the app's config check), a single run's composed config is checked here too, so a bad value,
-    a missing file or a device this machine lacks fails before Hydra makes a run folder. A sweep (`-m`, `a,b`) and
-    Hydra's own flags (`--cfg`, `-cd`, ...) are left to the run, which checks its config again in any case."""
+    a missing file or a device this machine lacks fails before Hydra makes a run folder. It runs after the names are
+    checked: an app that imports its heavy check inside `validate` answers a typo at once. A sweep (`-m`, `a,b`)
+    and Hydra's own flags (`--cfg`, `-cd`, ...) are left to the run, which checks its config again in any case."""
     args = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
         overrides = OverridesParser.create().parse_overrides(args)
@@ -65,6 +66,10 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
     chosen: list[str] = []  # group choices (their first value), which decide the keys that exist
     plain = [o for o in overrides if not (o.is_add() or o.is_force_add() or o.is_delete())
              and not o.key_or_group.startswith("hydra")]
+    validating = validate is not None and not any(a.startswith("-") for a in argv) and not any(
+        o.is_sweep_override() for o in overrides)
+    if not plain and not validating:
+        return  # nothing to check (`--help`, `--cfg job`): no config composed for nothing
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         top = compose(config_name)
         for o in plain:
@@ -83,7 +88,7 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
                 names = sorted({*groups, *(str(k) for k in top.keys())})
                 raise OverrideError(f"{text}: unknown config group or key{did_you_mean(key, names)}")
         try:
-            cfg = compose(config_name, overrides=chosen)
+            cfg = compose(config_name, overrides=chosen) if chosen else top  # no choice changed: the same config
         except (HydraException, OmegaConfBaseException):
             return  # a choice that does not compose is Hydra's to report
     for o in plain:
@@ -94,8 +99,7 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
                 what = "key" if "." in missing else "config group or key"
                 raise OverrideError(f"{o.input_line}: unknown {what}{did_you_mean(missing.rsplit('.', 1)[-1], keys)} "
                                     f"(to add a new key, write +{o.input_line})")
-    if validate is not None and not any(a.startswith("-") for a in argv) and not any(
-            o.is_sweep_override() for o in overrides):
+    if validate is not None and validating:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             try:
                 full = compose(config_name, overrides=[str(o.input_line) for o in overrides

@@ -36,8 +36,7 @@ from captioning.base.signature import file_parameters
 
 # ConfigError is what validate_*_config raise, importable from here next to them.
 from captioning.config.check import ConfigError, Target, extra_keys_for, rules_for, validate  # noqa: F401
-from captioning.factory import registry
-from captioning.metrics.coco import VALID_METRICS
+from captioning.metrics.names import VALID_METRICS
 from captioning.runtime import CONF_DIR, device_problem
 
 # The metrics validation computes (what trainer.monitor may name) and the metrics scoring knows.
@@ -143,6 +142,8 @@ def _dataset_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
         yield "captions_per_image", "must be null with batch_unit=captions (every caption is its own item)"
     if v.get("generate") is not None:  # its files are written by the generate step
         return
+    from captioning.factory import registry  # the readers (and the models: torch), only for a data set's files
+
     reader: Mapping[str, Any] = v["reader"] if isinstance(v.get("reader"), dict) else {}
     fn = registry.READERS.get(str(reader.get("_target_")))  # an unknown reader is reported by the target check
     for name in file_parameters(fn) if fn else ():

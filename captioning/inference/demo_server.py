@@ -46,11 +46,11 @@ class ServerLimits:
     """What bounds the demo server (its defaults are captioning-demo's): handler threads, open connections, seconds
     a connection may stay silent, seconds to receive one whole request, uploads waiting for the model."""
 
-    workers: int = 16
+    workers: int = 24
     max_connections: int = 256
     timeout: float = 30.0
     deadline: float = 60.0
-    queue: int = 8
+    queue: int = 16
 
     def __post_init__(self) -> None:
         for name in ("workers", "max_connections"):
@@ -127,6 +127,9 @@ class BoundedHTTPServer(HTTPServer):
         self.idle: dict[socket.socket, tuple[Any, float]] = {}  # address and when to drop it; oldest first
         self.stopping, self.stopped = threading.Event(), threading.Event()
         self.stopped.set()
+        # the kernel's queue of connections not yet accepted (socketserver's default is 5): a burst beyond it would
+        # see its connections dropped or reset before the dispatcher could answer them, even a 503
+        self.request_queue_size = max(5, min(limits.max_connections, socket.SOMAXCONN))
         super().__init__(address, handler)
 
     def retry_after(self) -> int:

@@ -48,20 +48,13 @@ from typing import Any
 
 from captioning.metrics.cider import CiderD
 from captioning.metrics.fast_scores import bleu, rouge_l
+from captioning.metrics.names import VALID_METRICS
 from captioning.metrics.tokenizer import clean_caption, ptb_tokenize, strip_punctuation
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CaptionScores", "score_captions", "java_ptb_tokenize", "VALID_METRICS", "TOKENIZERS"]
 
-#: Metric names accepted by :func:`score_captions` -> the coco-caption score names they produce.
-VALID_METRICS: dict[str, tuple[str, ...]] = {
-    "bleu": ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"),
-    "meteor": ("METEOR",),
-    "rouge": ("ROUGE_L",),
-    "cider": ("CIDEr",),
-    "spice": ("SPICE",),
-}
 TOKENIZERS = ("auto", "ptb-java", "python")
 
 _SPICE_HOWTO = ("to enable SPICE, run once on a machine with internet access "

@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from captioning.base.files import atomic_file
 from captioning.data.jsonio import load_json
+
+if TYPE_CHECKING:  # matplotlib is imported where the curves are drawn
+    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 CURVES_NAME = "curves.png"
@@ -61,6 +61,10 @@ def panel_lines(history: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> li
 def curves_figure(history: Sequence[Mapping[str, Any]]) -> Figure:
     """One panel per curve group present in the history (loss, validation CIDEr, validation BLEU-4, SCST reward)
     by epoch."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     panels = [(title, [k for k in keys if any(isinstance(h.get(k), (int, float)) for h in history)])
               for title, keys in CURVE_PANELS]
     panels = [(title, keys) for title, keys in panels if keys]

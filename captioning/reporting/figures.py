@@ -8,15 +8,15 @@ import os
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from PIL import Image
 
 from captioning.base.files import atomic_file
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: the maps' arithmetic here needs none
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,10 @@ def attention_figure(
     title: str | None = None,
 ) -> Figure:
     """Build the grid figure: the image, then one attention-overlay panel per word (hard-attention cell boxed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
     words = [str(wd) for wd in words]
     maps = _as_maps(alphas, len(words))
     _, h, w = maps.shape

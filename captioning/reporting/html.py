@@ -18,20 +18,22 @@ import logging
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
 from captioning.base.files import atomic_file, write_text_atomic
 from captioning.cli import one_line
-from captioning.data.dataset import CaptionDataset
 from captioning.data.images import ImageError, load_image
 from captioning.reporting.curves import CURVES_NAME
 from captioning.reporting.figures import chosen_regions
 from captioning.reporting.items import Prediction, ReportItem
 from captioning.reporting.npz import MAX_BYTES, Member, open_npz
 from captioning.reporting.page import THUMB_SIDE, capped_note, render_page
+
+if TYPE_CHECKING:  # a type only: captioning-html reads no data set, and needs no torch
+    from captioning.data.dataset import CaptionDataset
 
 logger = logging.getLogger(__name__)
 

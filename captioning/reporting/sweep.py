@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from captioning.base.files import atomic_file
 from captioning.cli import one_line
@@ -202,6 +200,9 @@ def sweep_series(runs: Sequence[Run], metric: str) -> list[Series]:
 
 def plot_sweep(runs: Sequence[Run], metric: str, path: str | Path) -> Path | None:
     """A PNG with one panel per swept parameter: `metric` against its values; None when nothing to plot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: a table needs no matplotlib
+    from matplotlib.figure import Figure
+
     series = [s for s in sweep_series(runs, metric) if s.points]
     if not series:
         logger.warning("no finished run reports %s; no plot written", metric)

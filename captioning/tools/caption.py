@@ -12,7 +12,8 @@ interrupted run where it stopped, with the same captions), `--results` (COCO res
 file, `--id-map` or the digits ending each file name), `--figures DIR` (attention figures, only when asked).
 Without --jsonl and --results, `path<TAB>caption` lines go to stdout. An unreadable image is skipped with one line
 on stderr and counted (exit status 1 then); a bad option, checkpoint or output file is one `error:` line and exit
-status 2 before any image is read. The last stderr line says what was captioned and where it went.
+status 2 before any image is read (torch and the model code load only after the options, images and checkpoint
+file are checked). The last stderr line says what was captioned and where it went.
 """
 
 from __future__ import annotations
@@ -24,16 +25,19 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 from tqdm import tqdm
 
+from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, one_line, positive_int, printable, run_cli, writable_dir, writable_file
 from captioning.data.images import ImageError, load_image
-from captioning.inference.model import CaptionModel, CaptionResult, load
 from captioning.inference.outputs import CaptionLog, file_sha256, write_results
 from captioning.inference.sources import ImageSource, assign_ids, collect_images, split_images
+
+if TYPE_CHECKING:
+    from captioning.inference.model import CaptionModel, CaptionResult
 
 PROG = "captioning-caption"
 
@@ -121,6 +125,9 @@ def caption_run(args: argparse.Namespace) -> int:
     if args.figures:
         writable_dir(args.figures)
     sources = _sources(args)  # every path checked before the model is loaded
+    check_checkpoint_file(args.checkpoint)  # a missing or foreign file is refused before torch is imported
+    from captioning.inference.model import load
+
     model = load(args.checkpoint, args.device)
     model.select_attention_map(args.attention_layer, args.attention_head)
     options = {"beam_size": args.beam_size, "max_len": args.max_len, "alternatives": args.alternatives}

@@ -13,11 +13,11 @@ A bad checkpoint or option is one `error:` line and exit status 2 before anythin
 server (exit status 0).
 
 With --host the page can be shared on a network, so the server (captioning/inference/demo_server.py) is bounded:
-  --workers N          threads that handle requests (default 16); an idle connection holds none of them
+  --workers N          threads that handle requests (default 24); an idle connection holds none of them
   --max-connections N  open connections at most (default 256); one more is answered 503 at once and closed
   --timeout S          seconds a connection may send nothing, before its request or within it (default 30)
   --deadline S         seconds to receive one whole request (default 60): a client trickling bytes is dropped
-  --queue N            uploads that may wait while the model decodes another (default 8); one more is a 503
+  --queue N            uploads that may wait while the model decodes another (default 16); one more is a 503
 Every 503 has a JSON `error` and Retry-After (the recent decoding time x (--queue + 1) seconds); upload bodies in
 memory stay under --workers x --max-upload-mb. --workers must be at least --queue + 2: each upload in the model's
 line holds a worker, and one more must stay free to answer the page and the 503s.
@@ -43,6 +43,7 @@ from urllib.parse import unquote, urlsplit
 from PIL import Image
 
 import captioning
+from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, one_line, positive_int, run_cli
 from captioning.data.images import ImageError, load_image
 from captioning.inference.demo_page import MB, render_demo_page, result_payload, too_large_message
@@ -265,6 +266,7 @@ def seconds(text: str) -> float:
 
 def serve(args: argparse.Namespace, limits: ServerLimits) -> int:
     """Load the model, bind the server, print its URL and serve until Ctrl-C; returns 0."""
+    check_checkpoint_file(args.checkpoint)  # a missing or foreign file is refused before torch loads
     model = captioning.load(args.checkpoint, args.device)
     server = make_server(model, args.host, args.port, args.beam_size, args.alternatives, args.max_len,
                          args.max_upload_mb * MB, limits)

@@ -6,7 +6,7 @@ captioning.json beside them (vocabulary, the encoder's preprocessing, grid and s
 captioning/export/manifest.py). Each graph is checked against the model before the folder is written. Caption from
 the folder with ONNX Runtime and NumPy only: `captioning-run-export DIR IMAGE...`. Prints each file
 written with its size. A model that cannot be exported, a bad checkpoint or output folder: one `error:` line on
-stderr and exit status 2.
+stderr and exit status 2 (for a missing checkpoint, or a file that is none, before torch is imported).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, positive_int, run_cli, writable_dir
-from captioning.export.exporter import export_checkpoint
 from captioning.export.manifest import BACKENDS
 
 PROG = "captioning-export"
@@ -33,6 +33,9 @@ def human_size(n: int) -> str:
 def export(checkpoint: Path, out: Path, backend: str, image_size: int | None, hard_test_mode: str | None) -> None:
     """Export and print `PATH<TAB>SIZE` for every file written."""
     writable_dir(out)  # a read-only output folder fails before the model is loaded
+    check_checkpoint_file(checkpoint)  # and so does a file that is no checkpoint, before torch is imported
+    from captioning.export.exporter import export_checkpoint
+
     files = export_checkpoint(checkpoint, out, backend, image_size, hard_test_mode)
     for path in files:
         print(f"{path}\t{human_size(path.stat().st_size)}", flush=True)

@@ -3,7 +3,8 @@
     captioning-extract-features experiment=coco_soft dataset.features=/data/coco/features_vgg19
     captioning-train experiment=coco_soft dataset.features=/data/coco/features_vgg19
 
-An interrupted run continues where it stopped when started again with the same arguments.
+An interrupted run continues where it stopped when started again with the same arguments. torch and the encoders
+are imported when the extraction starts, so `--help` and a misspelt override answer at once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -19,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from captioning.base.lock import FolderLock
 from captioning.cli import no_unused_folder, run_cli, writable_dir
+from captioning.config.help import print_app_help
 from captioning.config.overrides import check_overrides
-from captioning.data.features import FeatureCache, check_frozen, extract_features
-from captioning.factory.datasets import load_records
-from captioning.factory.models import build_encoder
-from captioning.runtime import CONF_DIR, resolve_device, set_seed
+from captioning.runtime import CONF_DIR
+
+if TYPE_CHECKING:
+    from captioning.data.features import FeatureCache
 
 logger = logging.getLogger(__name__)
 PROG = "captioning-extract-features"
@@ -31,6 +33,11 @@ PROG = "captioning-extract-features"
 
 def extract(cfg: DictConfig) -> FeatureCache:
     """Build the encoder as training would (same seed), read the splits' images and write the cache."""
+    from captioning.data.features import check_frozen, extract_features
+    from captioning.factory.datasets import load_records
+    from captioning.factory.models import build_encoder
+    from captioning.runtime import resolve_device, set_seed
+
     if not cfg.dataset.get("features"):
         raise ValueError("set dataset.features=PATH: the folder the feature cache is written to")
     writable_dir(cfg.dataset.features)  # a read-only cache folder fails before the encoder is built
@@ -60,6 +67,8 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point `captioning-extract-features [overrides] dataset.features=DIR`."""
+    if print_app_help(sys.argv[1:], CONF_DIR, "extract_features"):  # Hydra's help text, without composing the config
+        return
     run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "extract_features"), PROG)  # typos, before Hydra
     hydra_main()
 

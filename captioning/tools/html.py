@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, run_cli, writable_file
 from captioning.data.records import ImageRecord
 from captioning.data.references import load_results, read_annotations
@@ -112,6 +113,7 @@ def build_report(args: argparse.Namespace) -> Path:
     check_options(args)
     view, geometry = None, None
     if args.checkpoint is not None:  # first: a checkpoint that is refused is refused before any scoring
+        check_checkpoint_file(args.checkpoint)  # a missing or foreign file: before torch is imported
         from captioning.factory.checkpoints import load_model
         from captioning.metrics.coco_attention import view_geometry
 

@@ -23,10 +23,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from captioning.cli import ArgumentParser, run_cli, writable_dir, writable_file
-from captioning.config import validate_train_config
 from captioning.config.overrides import check_overrides
 from captioning.data.records import SPLITS
-from captioning.factory.datasets import load_records, load_table
 from captioning.runtime import CONF_DIR
 
 logger = logging.getLogger(__name__)
@@ -40,7 +38,9 @@ EPILOG = """examples:
 
 def compose_dataset(overrides: list[str]) -> DictConfig:
     """captioning-train's config with the overrides (checked), without starting a Hydra run (no output folder)."""
-    check_overrides(overrides, CONF_DIR, "train")
+    check_overrides(overrides, CONF_DIR, "train")  # a misspelt name first, before the full check loads the models
+    from captioning.config import validate_train_config
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     validate_train_config(cfg)
@@ -49,6 +49,8 @@ def compose_dataset(overrides: list[str]) -> DictConfig:
 
 def prepare(dataset_cfg: DictConfig) -> dict[str, Any]:
     """Build (or find) the prepared captions of a data set; returns what they hold."""
+    from captioning.factory.datasets import load_table
+
     if not dataset_cfg.get("prepared"):
         raise ValueError("dataset.prepared is null: set dataset.prepared=FOLDER, where the prepared captions go")
     writable_dir(dataset_cfg.prepared)
@@ -63,6 +65,7 @@ def prepare(dataset_cfg: DictConfig) -> dict[str, Any]:
 def to_karpathy(dataset_cfg: DictConfig, out: Path) -> dict[str, Any]:
     """Write every split of a data set as a Karpathy split file at `out`; returns what it holds."""
     from captioning.data.convert import write_karpathy
+    from captioning.factory.datasets import load_records
 
     writable_file(out)
     records = load_records(dataset_cfg, SPLITS)

@@ -256,10 +256,8 @@ def test_a_constructor_range_is_checked_by_the_validator_and_by_the_constructor(
 
 
 def test_a_constructor_range_fails_the_entry_point_before_anything_is_built(monkeypatch, tmp_path, capsys):
-    import captioning.train as run
-
-    built = []
-    monkeypatch.setattr(run, "build_trainer", lambda *a: built.append(a))  # builds the model, reads the data: never reached
+    built = []  # train.py imports build_trainer when a run starts: patched where it lives
+    monkeypatch.setattr("captioning.factory.run.build_trainer", lambda *a: built.append(a))  # never reached
     code = _run_app(train, ["attention.attention_dim=0", "dataset.generate.num_val=0", f"data_dir={tmp_path / 'data'}"],
                     monkeypatch, tmp_path)
     err = capsys.readouterr().err

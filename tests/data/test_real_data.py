@@ -302,8 +302,8 @@ def test_offline_paper_preset_fails_fast_with_instructions(tmp_path, monkeypatch
     def never(*args, **kwargs):
         raise AssertionError("data was read before the encoder's weights were checked")
 
-    monkeypatch.setattr("captioning.factory.datasets.load_records", never)  # what the trainer reads data with
-    monkeypatch.setattr("captioning.tools.extract_features.load_records", never)
+    # what the trainer and the extraction read data with (both import it when their work starts)
+    monkeypatch.setattr("captioning.factory.datasets.load_records", never)
     out = [f"dataset.features={tmp_path / 'features'}"] if config == "extract_features" else []
     cfg = _compose(config, "experiment=flickr8k_soft", *data[1:], *out)
     with pytest.raises(RuntimeError, match=r"pretrained vgg19 weights.*hub/checkpoints.*vgg19-.*\.pth.*"

@@ -157,7 +157,7 @@ def test_prepare_to_karpathy_round_trip(tmp_path):
 
 # A bad launch as a newcomer types it, from a working folder in the default layout (no hydra.run.dir): one line,
 # exit status 2 and nothing left behind (no outputs/<date>/<time>/, no <run>/eval/...). {ckpt} is a real checkpoint in
-# run/checkpoints/, {foreign} a file that is not one; the last three fail after Hydra has made the folder.
+# run/checkpoints/, {foreign} a file that is not one; the last one fails after Hydra has made the folder.
 BAD_LAUNCHES = [
     ("captioning-train", ["device=cuda"], ["device=cuda: CUDA is not available", "use device=cpu"]),
     ("captioning-train", ["trainer.max_epochs=-1"], ["trainer.max_epochs=-1: must be >= 1"]),
