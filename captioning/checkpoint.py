@@ -5,8 +5,9 @@ disk) never leaves a broken file: the previous last.pt stays whole and the run s
 checkpoint is data, never code: it is read with `weights_only=True` (no pickled objects). Rebuilding a model
 from one (its config checked against the registry first) is `captioning.factory.checkpoints.load_model`.
 
-torch is imported by the functions that need it: `check_checkpoint_file` refuses a missing file, or one that is not
-the zip archive torch.save writes, before a command has loaded torch and the models.
+torch is imported by the functions that need it: `check_checkpoint_file` refuses a missing file, one that is not
+the zip archive torch.save writes, or another tool's (its pickled structure never names FORMAT), before a command
+has loaded torch and the models.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from captioning.base.lock import LOCK_NAME, FolderLock
 from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import fail, no_unused_folder, run_cli
-from captioning.config.help import print_app_help
+from captioning.config.help import HELP_FLAGS, bare_help
 from captioning.config.overrides import check_overrides
 from captioning.runtime import CONF_DIR
 
@@ -86,10 +86,11 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point `captioning-evaluate checkpoint=PATH [overrides]`."""
-    if print_app_help(sys.argv[1:], CONF_DIR, "evaluate"):  # Hydra's help text, without composing the config
+    if (text := bare_help(sys.argv[1:], CONF_DIR, "evaluate")) is not None:  # Hydra's text, without composing
+        print(text)
         return
     args = sys.argv[1:]
-    asks_help = bool({"--help", "-h", "--hydra-help"} & set(args))
+    asks_help = bool({*HELP_FLAGS, "--hydra-help"} & set(args))
     if not any(a.lstrip("+").startswith("checkpoint=") for a in args) and not asks_help:
         fail(PROG, "give checkpoint=PATH (a best.pt or last.pt of captioning-train); see captioning-evaluate --help")
     # typos, bad values, a missing checkpoint: one line, before Hydra makes the output folder

@@ -26,7 +26,7 @@ from captioning.base.lock import LOCK_NAME
 from captioning.base.moved import moved_override
 from captioning.checkpoint import check_checkpoint_file, read_checkpoint, same_model
 from captioning.cli import EXPECTED_ERRORS, no_unused_folder, run_cli, stopped
-from captioning.config.help import print_app_help
+from captioning.config.help import bare_help
 from captioning.config.overrides import check_overrides
 from captioning.runtime import CONF_DIR
 
@@ -153,7 +153,8 @@ def rename_moved(argv: list[str]) -> list[str]:
 def main() -> None:
     """Console entry point `captioning-train [overrides]`, also under `torchrun --nproc_per_node=N -m
     captioning.train [overrides]` (one process per GPU; global batch = N x dataset.batch_size)."""
-    if print_app_help(sys.argv[1:], CONF_DIR, "train"):  # Hydra's help text, without composing the config
+    if (text := bare_help(sys.argv[1:], CONF_DIR, "train")) is not None:  # Hydra's text, without composing
+        print(text)
         return
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # what distributed.env_from_os reads
     if torchrun:  # join the process group first; a plain process imports torch only when its run starts

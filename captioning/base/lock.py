@@ -38,14 +38,12 @@ class FolderLock:
 
     `what` names the kind of work in the refusal: `/x is in use by another evaluation (PID 123); wait for it to
     end, or write into another folder (hydra.run.dir=...)`. With `wait=True` a lock that is taken is waited for
-    instead, after one log line: `waiting for PID 123's shapes generation in /x to end`. `name` is the lock
-    file's name in the folder (one folder may hold the locks of several independent pieces of work).
+    instead, after one log line: `waiting for PID 123's shapes generation in /x to end`.
     """
 
     def __init__(self, path: str | os.PathLike, what: str,
-                 elsewhere: str = "write into another folder (hydra.run.dir=...)", *, wait: bool = False,
-                 name: str = LOCK_NAME):
-        self.path, self.what, self.elsewhere, self.wait, self.name = Path(path), what, elsewhere, wait, name
+                 elsewhere: str = "write into another folder (hydra.run.dir=...)", *, wait: bool = False):
+        self.path, self.what, self.elsewhere, self.wait = Path(path), what, elsewhere, wait
         self._fd: int | None = None
 
     @property
@@ -58,7 +56,7 @@ class FolderLock:
         Returns whether it had to wait."""
         waited = False
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = open_no_follow(self.path / self.name, os.O_RDWR)  # a symlink planted as .lock is replaced
+        fd = open_no_follow(self.path / LOCK_NAME, os.O_RDWR)  # a symlink planted as .lock is replaced
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["HELP_FLAGS", "app_help", "config_groups", "print_app_help"]
+__all__ = ["HELP_FLAGS", "app_help", "bare_help", "config_groups"]
 
 HELP_FLAGS = ("--help", "-h")
 _FIELD = re.compile(r"\$\{hydra\.help\.(\w+)\}")
@@ -50,12 +50,9 @@ def app_help(conf_dir: Path, name: str) -> str | None:
     return template.substitute(APP_CONFIG_GROUPS=config_groups(conf_dir) if "APP_CONFIG_GROUPS" in text else "")
 
 
-def print_app_help(argv: list[str], conf_dir: Path, name: str) -> bool:
-    """For a command line that is only `--help` (or `-h`): print the help and return True; else False (Hydra)."""
+def bare_help(argv: list[str], conf_dir: Path, name: str) -> str | None:
+    """For a command line that is only `--help` (or `-h`), the help text for the app to print; None otherwise, or
+    when only Hydra can fill it (the app then runs Hydra, which answers the flag itself)."""
     if len(argv) != 1 or argv[0] not in HELP_FLAGS:
-        return False
-    text = app_help(conf_dir, name)
-    if text is None:
-        return False
-    print(text)
-    return True
+        return None
+    return app_help(conf_dir, name)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from captioning.base.lock import FolderLock
 from captioning.cli import no_unused_folder, run_cli, writable_dir
-from captioning.config.help import print_app_help
+from captioning.config.help import bare_help
 from captioning.config.overrides import check_overrides
 from captioning.runtime import CONF_DIR
 
@@ -67,7 +67,8 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point `captioning-extract-features [overrides] dataset.features=DIR`."""
-    if print_app_help(sys.argv[1:], CONF_DIR, "extract_features"):  # Hydra's help text, without composing the config
+    if (text := bare_help(sys.argv[1:], CONF_DIR, "extract_features")) is not None:  # Hydra's text, without composing
+        print(text)
         return
     run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "extract_features"), PROG)  # typos, before Hydra
     hydra_main()
