@@ -5,6 +5,7 @@ processes wait, say so in one log line, and proceed with the same files."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -57,6 +58,11 @@ def _digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith(".lock") and p.name not in skip}
 
 
+def _manifest_without_time(path: Path) -> dict:
+    """A prepared set's manifest.json but its creation time."""
+    return {k: v for k, v in json.loads(path.read_text()).items() if k != "created"}
+
+
 def _together(tmp_path: Path, job: str, root: Path, *args: str, n: int = PROCESSES) -> list[str]:
     """Run `job` in n processes released at the same moment; returns each one's log (all must succeed)."""
     go = tmp_path / f"go-{job}-{len(list(tmp_path.glob('go-*')))}"  # a new one for each call
@@ -76,8 +82,6 @@ def _together(tmp_path: Path, job: str, root: Path, *args: str, n: int = PROCESS
 
 @pytest.mark.integration
 def test_shapes_generated_by_four_processes_at_once_is_one_data_set(tmp_path: Path) -> None:
-    import json
-
     alone = build_shapes(tmp_path / "alone", **SHAPES).parent
     logs = _together(tmp_path, "shapes", tmp_path / "together", json.dumps(SHAPES))
     assert sum("generated 144 shapes images" in log for log in logs) == 1, logs
@@ -101,14 +105,8 @@ def test_captions_prepared_by_four_processes_at_once_are_one_set(tmp_path: Path,
     assert sum("prepared captions: built" in log for log in logs) == 1, logs
     assert sum("prepared captions: opened" in log for log in logs) == PROCESSES - 1, logs
     assert _digests(sets[0], skip=("manifest.json",)) == _digests(alone, skip=("manifest.json",))
-    manifests = [json_without_time(p / "manifest.json") for p in (sets[0], alone)]
+    manifests = [_manifest_without_time(p / "manifest.json") for p in (sets[0], alone)]
     assert manifests[0] == manifests[1]
-
-
-def json_without_time(path: Path) -> dict:
-    import json
-
-    return {k: v for k, v in json.loads(path.read_text()).items() if k != "created"}
 
 
 @pytest.mark.integration
