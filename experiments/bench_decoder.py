@@ -41,10 +41,10 @@ import torch
 from captioning.losses import caption_loss
 from captioning.models.attention import SoftAttention
 from captioning.models.captioner import CompiledStep
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
-from captioning.models.fused import tanh_
+from captioning.models.fused.additive import tanh_
 
 SIZES = {"vgg": 512, "resnet": 2048}  # D
 V, L, M, CAPTIONS, STEPS = 10_000, 196, 512, 32, 20
@@ -79,7 +79,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int, n: int =
 
 def elementwise(device: torch.device, repeats: int) -> dict[str, float]:
     """Microseconds for the two element-wise costs the fast paths avoid: tanh over one 2 MiB chunk of the
-    additive score's hidden layer (torch's tanh against 2 sigmoid(2x) - 1, `fused.tanh_`), and one Adam step
+    additive score's hidden layer (torch's tanh against 2 sigmoid(2x) - 1, `fused.additive.tanh_`), and one Adam step
     over the ResNet-size decoder's parameters (the per-parameter loop against the fused kernel)."""
     x = torch.randn(1 << 19, device=device) * 3
     y = torch.empty_like(x)

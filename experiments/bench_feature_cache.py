@@ -77,8 +77,8 @@ def main() -> None:
            "pretrained": False, "fine_tune": "none", "image_size": args.image_size,
            **({} if vgg else {"grid_size": 14})}
     model_cfg = {"encoder": enc,
-                 "attention": {"_target_": "captioning.models.attention.SoftAttention", "attention_dim": 512},
-                 "decoder": {"_target_": "captioning.models.decoder.ShowAttendTellDecoder", "embed_dim": 512,
+                 "attention": {"_target_": "soft", "attention_dim": 512},
+                 "decoder": {"_target_": "sat", "embed_dim": 512,
                              "hidden_dim": 512, "dropout": 0.5}}
     with tempfile.TemporaryDirectory() as tmp:
         records = make_images(Path(tmp), args.images)

@@ -126,7 +126,7 @@ def raw_only(path: Path) -> Path:
 
 def dataset_cfg(path: Path, prepared: Path | None) -> str:
     """The `coco` data set's settings for the generated file."""
-    return json.dumps({"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits",
+    return json.dumps({"reader": {"_target_": "karpathy",
                                   "annotations": str(path), "image_root": str(path.parent / "images")},
                        "prepared": str(prepared) if prepared else None, "min_word_freq": 5, "max_vocab": 10000,
                        "max_caption_len": 30, "captions_per_image": None})

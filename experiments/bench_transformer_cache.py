@@ -17,10 +17,10 @@ import torch
 
 from captioning.factory.models import build_captioner
 
-COCO = {"encoder": {"_target_": "captioning.models.encoder.SmallCNN"},
-        "attention": {"_target_": "captioning.models.attention_family.MultiHeadAttention", "num_heads": 8,
+COCO = {"encoder": {"_target_": "small_cnn"},
+        "attention": {"_target_": "multihead", "num_heads": 8,
                       "head_dim": 64},
-        "decoder": {"_target_": "captioning.models.transformer_decoder.TransformerDecoder", "d_model": 512,
+        "decoder": {"_target_": "transformer", "d_model": 512,
                     "num_layers": 6, "num_heads": 8, "ff_dim": 2048, "encoder_layers": 6}}
 
 

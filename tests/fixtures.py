@@ -15,7 +15,7 @@ from torch import nn
 
 from captioning.models.attention import SoftAttention
 from captioning.models.attention_family import grid_positions
-from captioning.models.transformer_layers import SelfAttention
+from captioning.models.decoders.transformer_layers import SelfAttention
 from captioning.runtime import CONF_DIR
 
 # Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it, and are in the
@@ -33,10 +33,10 @@ TINY_ENCODER = [f"encoder.channels=[{','.join(map(str, TINY_CHANNELS))}]", f"enc
 
 # A captioner small enough for a test to build and train in seconds (8x8 grid for 32 px images).
 TINY_MODEL = {
-    "encoder": {"_target_": "captioning.models.encoder.SmallCNN", "channels": list(TINY_CHANNELS),
+    "encoder": {"_target_": "small_cnn", "channels": list(TINY_CHANNELS),
                 "num_pools": TINY_POOLS},
-    "attention": {"_target_": "captioning.models.attention.SoftAttention", "attention_dim": 16},
-    "decoder": {"_target_": "captioning.models.decoder.ShowAttendTellDecoder", "embed_dim": 16, "hidden_dim": 32,
+    "attention": {"_target_": "soft", "attention_dim": 16},
+    "decoder": {"_target_": "sat", "embed_dim": 16, "hidden_dim": 32,
                 "dropout": 0.0},
 }
 

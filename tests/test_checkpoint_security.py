@@ -98,11 +98,11 @@ def good_checkpoint(shapes_json: Path, tmp_path: Path) -> Path:
     model = build_captioner(TINY_MODEL, len(vocab))
     root = str(Path(shapes_json).parent)
     dataset = {"name": "shapes", "root": root, "annotations": str(shapes_json),
-               "reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": str(shapes_json),
+               "reader": {"_target_": "karpathy", "annotations": str(shapes_json),
                           "image_root": root},
                "image_root": root, "min_word_freq": 1, "max_vocab": 10000, "max_caption_len": 20, "batch_size": 8,
                "captions_per_image": 2, "num_workers": 0, "features": None,
-               "generate": {"_target_": "captioning.data.shapes.build_shapes", "root": root, "seed": 1,
+               "generate": {"_target_": "shapes", "root": root, "seed": 1,
                             "num_train": 48, "num_val": 12, "num_test": 12, "image_size": 32}}
     return save_checkpoint(tmp_path / "good.pt", model, vocab, {"model": copy.deepcopy(TINY_MODEL), "dataset": dataset})
 
@@ -153,7 +153,7 @@ def test_load_model_refuses_a_foreign_target_and_runs_nothing(good_checkpoint, t
 def test_the_error_lists_the_project_classes(good_checkpoint, tmp_path):
     bad = _edited(good_checkpoint, tmp_path / "bad.pt", _replace("encoder", _payload("os.makedirs", tmp_path / "m")))
     with pytest.raises(UnsafeCheckpointError, match=r"checkpoint .*bad\.pt: model\.encoder\._target_ 'os\.makedirs' is "
-                       r"not one of this project's encoders \(SmallCNN, VGGEncoder, ResNetEncoder\); refusing to load it"):
+                       r"not one of this project's encoders \(small_cnn, vgg, resnet\); refusing to load it"):
         load_model(bad)
 
 

@@ -49,9 +49,9 @@ def _checkpoint(tmp_path: Path, root: Path, shapes_json: Path, **generate) -> Pa
     dataset = {"name": "shapes", "root": str(root), "annotations": str(root / "dataset_shapes.json"),
                "image_root": str(root), "min_word_freq": 1, "max_vocab": 10000, "max_caption_len": 20,
                "batch_size": 8, "captions_per_image": 2, "num_workers": 0, "features": None, "prepared": None,
-               "reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits",
+               "reader": {"_target_": "karpathy",
                           "annotations": str(root / "dataset_shapes.json"), "image_root": str(root)},
-               "generate": {"_target_": "captioning.data.shapes.build_shapes", "root": str(root),
+               "generate": {"_target_": "shapes", "root": str(root),
                             **{**SMALL, **generate}}}
     return save_checkpoint(tmp_path / "model.pt", model, vocab, {"model": TINY_MODEL, "dataset": dataset})
 

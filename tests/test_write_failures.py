@@ -121,7 +121,7 @@ def _encoder() -> SmallCNN:
 def test_a_failed_grids_write_keeps_progress_at_the_last_flushed_batch_and_a_rerun_finishes(shapes_json, tmp_path,
                                                                                          monkeypatch):
     records = read_karpathy(shapes_json, "test")  # 12 images: 3 batches of 4
-    cfg = {"_target_": "captioning.models.encoder.SmallCNN", "channels": list(TINY_CHANNELS),
+    cfg = {"_target_": "small_cnn", "channels": list(TINY_CHANNELS),
            "num_pools": TINY_POOLS, "image_size": 32}
     clean = extract_features(records, _encoder(), cfg, tmp_path / "clean", batch_size=4, progress=False)
     out, flushes, progress = tmp_path / "cache", [], {}
@@ -150,7 +150,7 @@ def test_a_failed_prepared_set_leaves_no_set_nor_temporary_folder_and_the_next_r
                                                                                             caplog):
     path = tmp_path / "dataset_coco.json"
     path.write_text(json.dumps(karpathy_file({"train": 20, "val": 4, "test": 4}, seed=0)))
-    cfg = {"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": str(path),
+    cfg = {"reader": {"_target_": "karpathy", "annotations": str(path),
                       "image_root": str(tmp_path / "images")}, "prepared": str(tmp_path / "prepared"),
            "min_word_freq": 1, "max_vocab": None}
     failed = fail_writes(monkeypatch, errno.ENOSPC, "write", "train.tokens.npy")

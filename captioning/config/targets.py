@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from captioning.base.constraints import Constraint, OneOf, Problem, Range, choose_one
+from captioning.base.moved import NAMED
 from captioning.base.signature import argument_problems
 from captioning.factory import registry
 from captioning.training import schedule
@@ -82,6 +83,9 @@ def target_problems(v: Mapping[str, Any], key: str) -> Iterator[Problem]:
     short = {t.rsplit(".", 1)[-1]: t for t in table}
     if target is None:
         yield key, f"no _target_; choose one of {', '.join(short)}"
+        return
+    if target in NAMED and NAMED[target] in table:
+        yield f"{key}._target_", f"{target!r} is now named {NAMED[target]!r} (captioning/factory/registry.py)"
         return
     if target not in table:
         choices = choose_one(str(target).rsplit(".", 1)[-1], list(short))

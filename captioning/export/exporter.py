@@ -91,7 +91,7 @@ def _write(backend: str, module: torch.nn.Module, args: tuple[torch.Tensor, ...]
 
     Their chatter is silenced: progress lines, the warning that every input's row dim shares one name, TorchScript's
     deprecation notice and the tracer's warnings about values it fixed (`verify` tests the graph at other sizes)."""
-    with traceable(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with traceable(module), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.filterwarnings("ignore", message=r".*axis name")
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated")
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
@@ -107,7 +107,7 @@ def _write(backend: str, module: torch.nn.Module, args: tuple[torch.Tensor, ...]
 
 def _graphs(model: Captioner, images: torch.Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
     """The three graph modules with their example inputs, and what the manifest says about their shapes."""
-    with traceable():
+    with traceable(model):
         a, grid = model.encode(images)  # (B, L, D)
         keys = model.decoder.attention.prepare(a, grid)
         state = model.decoder.init_state(a, None)
@@ -144,7 +144,7 @@ def verify(folder: Path, model: Captioner, input_size: tuple[int, int]) -> None:
         modules, _ = _graphs(model, torch.randn(rows, 3, *input_size, generator=gen))
         words = torch.randint(0, len(runner.vocab), (rows,), generator=gen)
         modules["step"] = (modules["step"][0], (words, *modules["step"][1][1:]))
-        with traceable():
+        with traceable(model):
             want = {name: module(*args) for name, (module, args) in modules.items()}
         inputs = {name: [x.numpy() for x in args] for name, (_, args) in modules.items()}
         _compare("encoder", [runner.encode(*inputs["encoder"])], (want["encoder"],))

@@ -22,16 +22,16 @@ from torchvision import transforms as T
 
 from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
-from captioning.models.fused import device_path
+from captioning.models.fused import plain_kernels
 
 Tree = int | list["Tree"]
 
 
 @contextmanager
-def traceable() -> Iterator[None]:
-    """Trace the model's code as it runs on a GPU: no cache-sized chunks (so no Python loop over the batch, which
-    tracing would fix to the example's batch size) and torch's tanh; without autograd."""
-    with device_path("generic"), torch.no_grad():
+def traceable(model: nn.Module) -> Iterator[None]:
+    """Trace the model's code as it runs on a GPU: its plain kernels (no cache-sized chunks, so no Python loop over
+    the batch, which tracing would fix to the example's batch size; torch's tanh); without autograd."""
+    with plain_kernels(model), torch.no_grad():
         yield
 
 

@@ -36,10 +36,10 @@ def _legacy_reader(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The reader of a dataset section stored before `dataset.reader` (an older checkpoint's): `format` named it."""
     fmt = cfg.get("format", "karpathy")
     if fmt == "karpathy":
-        return {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": cfg.get("annotations"),
+        return {"_target_": "karpathy", "annotations": cfg.get("annotations"),
                 "image_root": cfg.get("image_root")}
     if fmt == "coco":
-        return {"_target_": "captioning.data.coco_captions.read_coco_captions", "image_root": cfg.get("image_root"),
+        return {"_target_": "coco", "image_root": cfg.get("image_root"),
                 **(cfg.get("coco") or {})}
     raise ValueError(f"dataset.format must be one of {LEGACY_FORMATS}, got {fmt!r} (or set dataset.reader)")
 

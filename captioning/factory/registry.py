@@ -1,16 +1,19 @@
 """The project's own components by name: the only classes a model config or a checkpoint can build.
 
-A config names each component by its `_target_` (the class's import path, as in conf/encoder/*.yaml). That
-string is only ever a key into the dicts below, never imported, so a checkpoint cannot make the loader run
-code of its choosing; the other keys of a spec must be arguments of the class's constructor, with values of
-the types and within the constraints its signature declares (plain data: no nested `_target_`, no `${...}`
-interpolation; captioning/base/signature.py binds them, the same check the config validator runs).
+A config names each component by its `_target_`: the stable name it is registered under here (`sat`, `soft`,
+`small_cnn`, as timm registers its models by name), which a checkpoint stores. That string is only ever a key into
+the dicts below, never imported, so a checkpoint cannot make the loader run code of its choosing; the other keys of
+a spec must be arguments of the class's constructor, with values of the types and within the constraints its
+signature declares (plain data: no nested `_target_`, no `${...}` interpolation; captioning/base/signature.py binds
+them, the same check the config validator runs). Names, not import paths: a module can move without breaking a
+checkpoint. Checkpoints written before the names stored import paths: `captioning.base.moved.NAMED` maps each to its
+name, once, when a checkpoint's config is read.
 
-To add a component: import its class here and add one line `"<module>.<Class>": Class` to its group's dict.
-The key must be the class's import path and the `_target_` of its conf/ YAML file (tests/models/test_model.py checks
-both). Encoders are built with their config's arguments; attentions also get `annotation_dim` and
-`hidden_dim`, decoders `vocab_size`, `annotation_dim` and `attention` (a factory taking those two) from the builder;
-data set readers get `splits`.
+To add a component: import its class here and add one line `"<name>": Class` to its group's dict; its conf/ YAML
+file's `_target_` is that name (tests/models/test_model.py checks every YAML names a registered component).
+Encoders are built with their config's arguments; attentions also get `annotation_dim` and `hidden_dim`, decoders
+`vocab_size`, `annotation_dim` and `attention` (a factory taking those two) from the builder; data set readers get
+`splits`.
 
 To add a `_target_` group (as `objective` was, below): add its dict to GROUPS (and its config key to CONFIG_KEYS
 when it is not the group's name, its builder's own arguments to BUILDER_ARGS). The config validator then checks
@@ -39,50 +42,49 @@ from captioning.models.attention_family import (
     LocationAttention,
     MultiHeadAttention,
 )
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoders.luong import LuongDecoder
+from captioning.models.decoders.sat import ShowAttendTellDecoder
+from captioning.models.decoders.transformer import TransformerDecoder
+from captioning.models.decoders.updown import UpDownDecoder
 from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
-from captioning.models.luong_decoder import LuongDecoder
-from captioning.models.transformer_decoder import TransformerDecoder
-from captioning.models.updown_decoder import UpDownDecoder
 from captioning.training.objectives import CrossEntropy, SelfCritical
 
 ENCODERS: dict[str, type[Encoder]] = {
-    "captioning.models.encoder.SmallCNN": SmallCNN,
-    "captioning.models.encoder.VGGEncoder": VGGEncoder,
-    "captioning.models.encoder.ResNetEncoder": ResNetEncoder,
+    "small_cnn": SmallCNN,
+    "vgg": VGGEncoder,
+    "resnet": ResNetEncoder,
 }
 ATTENTIONS: dict[str, type[nn.Module]] = {
-    "captioning.models.attention.SoftAttention": SoftAttention,
-    "captioning.models.attention.HardAttention": HardAttention,
-    "captioning.models.attention_family.ConcatAttention": ConcatAttention,
-    "captioning.models.attention_family.DotAttention": DotAttention,
-    "captioning.models.attention_family.GeneralAttention": GeneralAttention,
-    "captioning.models.attention_family.LocalAttention": LocalAttention,
-    "captioning.models.attention_family.LocationAttention": LocationAttention,
-    "captioning.models.attention_family.MultiHeadAttention": MultiHeadAttention,
+    "soft": SoftAttention,
+    "hard": HardAttention,
+    "concat": ConcatAttention,
+    "dot": DotAttention,
+    "general": GeneralAttention,
+    "local": LocalAttention,
+    "location": LocationAttention,
+    "multihead": MultiHeadAttention,
 }
 DECODERS: dict[str, type[nn.Module]] = {
-    "captioning.models.decoder.ShowAttendTellDecoder": ShowAttendTellDecoder,
-    "captioning.models.luong_decoder.LuongDecoder": LuongDecoder,
-    "captioning.models.updown_decoder.UpDownDecoder": UpDownDecoder,
-    "captioning.models.transformer_decoder.TransformerDecoder": TransformerDecoder,
+    "sat": ShowAttendTellDecoder,
+    "luong": LuongDecoder,
+    "updown": UpDownDecoder,
+    "transformer": TransformerDecoder,
 }
 # `dataset.generate` of a data set the project makes itself (a checkpoint's dataset section may name it).
 DATASET_GENERATORS: dict[str, Callable[..., Any]] = {
-    "captioning.data.shapes.build_shapes": build_shapes,
+    "shapes": build_shapes,
 }
 # `dataset.reader`: how a data set's files become image records (conf/dataset/reader/; a checkpoint stores it).
 READERS: dict[str, Callable[..., Any]] = {
-    "captioning.data.karpathy.read_karpathy_splits": read_karpathy_splits,
-    "captioning.data.coco_captions.read_coco_captions": read_coco_captions,
-    "captioning.data.table.read_table": read_table,
+    "karpathy": read_karpathy_splits,
+    "coco": read_coco_captions,
+    "table": read_table,
 }
 # `objective`: what the training loss is (conf/objective/: xe, scst); the trainer builds it with its config's arguments.
 OBJECTIVES: dict[str, Callable[..., Any]] = {
-    "captioning.training.objectives.CrossEntropy": CrossEntropy,
-    "captioning.training.objectives.SelfCritical": SelfCritical,
+    "xe": CrossEntropy,
+    "scst": SelfCritical,
 }
-
 GROUPS: dict[str, Mapping[str, Callable[..., Any]]] = {
     "encoder": ENCODERS, "attention": ATTENTIONS, "decoder": DECODERS, "generator": DATASET_GENERATORS,
     "reader": READERS, "objective": OBJECTIVES}
@@ -114,7 +116,7 @@ def resolve(group: str, spec: Any, where: str) -> tuple[Callable[..., Any], dict
         raise ModelSpecError(f"{where} must be a mapping with a _target_, got {_short(spec)}")
     target = spec.get("_target_")
     if not isinstance(target, str) or target not in table:
-        names = ", ".join(t.rsplit(".", 1)[-1] for t in table)
+        names = ", ".join(table)
         raise ModelSpecError(f"{where}._target_ {_short(target)} is not one of this project's "
                              f"{PLURAL.get(group, group)} ({names})")
     kwargs = {k: v for k, v in spec.items() if k != "_target_"}

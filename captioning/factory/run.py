@@ -28,7 +28,7 @@ def attention_name(cfg: DictConfig) -> str:
     """The attention config group's choice (e.g. 'soft'), for metrics.json and sweep tables."""
     if HydraConfig.initialized():
         return HydraConfig.get().runtime.choices.get("attention", "")
-    return str(cfg.attention._target_).rsplit(".", 1)[-1]
+    return str(cfg.attention._target_)  # its registered name
 
 
 def build_objective(cfg: DictConfig) -> Any:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from captioning.base.constraints import Probability, Size, constrained
-from captioning.models import fused
+from captioning.models.fused.additive import additive_scores as fused_additive_scores
 from captioning.models.rows import rows_per_image
 
 TestMode = Literal["expectation", "argmax", "sample"]  # hard attention at test time
@@ -66,12 +66,12 @@ def attend(a: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None) -> 
     return AttentionOutput(context.view(-1, D), alpha)  # (N, D)
 
 
-def additive_scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor,
-                    b: torch.Tensor | None = None) -> torch.Tensor:
+def additive_scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+                    *, plain: bool = False) -> torch.Tensor:
     """e_ti = w^T tanh(keys_i + q_t) + b (the paper's f_att): (N, L) for keys (B, L, A) and queries q (N, A),
-    k = N / B queries per image."""
-    if fused.cpu_path(keys):  # on a CPU the hand-fused score is 2-3x faster and stores no hidden layer (fused.py)
-        return fused.additive_scores(keys, q, w, b)
+    k = N / B queries per image. `plain`: the formula below on every device (else the fused kernel on a CPU)."""
+    if not plain and keys.device.type == "cpu":  # the hand-fused score: 2-3x faster, stores no hidden layer
+        return fused_additive_scores(keys, q, w, b)
     B, L, A = keys.shape
     hidden = torch.tanh(keys.unsqueeze(1) + q.view(B, -1, 1, A))  # (B, 1, L, A) + (B, k, 1, A) -> (B, k, L, A)
     e = torch.matmul(hidden, w.to(hidden.dtype))  # (B, k, L)
@@ -84,6 +84,7 @@ class Attention(nn.Module):
     def __init__(self, annotation_dim: int, hidden_dim: int):
         super().__init__()
         self.annotation_dim, self.hidden_dim = annotation_dim, hidden_dim
+        self.plain_kernels = False  # True: no fused CPU kernel, the plain formula (`fused.plain_kernels(model)`)
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """Per-image work that does not depend on the step (e.g. W_a a_i): one tensor whose first dim is the image.
@@ -133,7 +134,8 @@ class SoftAttention(Attention):
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Unnormalised e_t (N, L) from keys (B, L, A) and h (N, n)."""
-        return additive_scores(keys, self.W_h(h), self.w.weight.view(-1), self.w.bias)  # (N, L)
+        return additive_scores(keys, self.W_h(h), self.w.weight.view(-1), self.w.bias,
+                               plain=self.plain_kernels)  # (N, L)
 
     def forward(self, a, keys, h, mask=None, prev_alpha=None) -> AttentionOutput:
         return attend(a, self.scores(keys, h), mask)

@@ -123,7 +123,7 @@ class ConcatAttention(Attention):
 
     def scores(self, keys: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Unnormalised e_t (N, L) from keys (B, L, A) and h (N, n)."""
-        return additive_scores(keys, self.W_h(h), self.v.weight.view(-1))  # (N, L)
+        return additive_scores(keys, self.W_h(h), self.v.weight.view(-1), plain=self.plain_kernels)  # (N, L)
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from captioning.models.attention import HardAttention
-from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioning.models.decoders.base import Decoder, DecoderOutput
 from captioning.models.decoding import Decoded, beam_search, greedy_decode
 from captioning.models.encoder import Encoder
 
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 class Captioner(nn.Module):
     """Image -> annotation grid a (B, L, D) -> caption."""
 
-    def __init__(self, encoder: Encoder, decoder: ShowAttendTellDecoder):
+    def __init__(self, encoder: Encoder, decoder: Decoder):
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
 

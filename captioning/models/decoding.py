@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from captioning.base.constraints import check_decoding
 from captioning.base.tokens import END_ID, PAD_ID, START_ID
 from captioning.models.attention import AttentionOutput
-from captioning.models.fused import autocast_input
+from captioning.models.fused.dtypes import autocast_input
 from captioning.models.rows import live_rows, map_state, repeat_rows, select_rows
 
 

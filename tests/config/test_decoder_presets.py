@@ -7,8 +7,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from captioning.factory.models import build_captioner, model_config
-from captioning.models.transformer_decoder import TransformerDecoder
-from captioning.models.updown_decoder import UpDownDecoder
+from captioning.models.decoders.transformer import TransformerDecoder
+from captioning.models.decoders.updown import UpDownDecoder
 from captioning.runtime import CONF_DIR
 
 

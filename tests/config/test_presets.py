@@ -17,7 +17,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.factory import registry
 from captioning.losses import MovingAverageBaseline
 from captioning.models.attention import HardAttention, SoftAttention
-from captioning.models.decoder import DecoderOutput
+from captioning.models.decoders.base import DecoderOutput
 from captioning.runtime import CONF_DIR
 from captioning.training.trainer import Trainer
 

@@ -24,7 +24,7 @@ from captioning.data.shapes import build_shapes
 from captioning.factory import registry
 from captioning.metrics import VALID_METRICS
 from captioning.models.attention import HardAttention, SoftAttention
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
 
@@ -113,8 +113,9 @@ BAD = [  # (overrides, the message line that must appear)
     (["attention=hard", "attention.expected_context_prob=1.5"], "attention.expected_context_prob=1.5: must be <= 1"),
     (["attention=hard", "attention.test_mode=argmx"],
      "attention.test_mode='argmx': choose one of expectation, argmax, sample (did you mean 'argmax'?)"),
-    (["attention._target_=captioning.models.attention.SoftAtention"],
-     "attention: unknown type 'captioning.models.attention.SoftAtention'; choose one of SoftAttention, "),
+    (["attention._target_=sofft"], "attention: unknown type 'sofft'; choose one of soft, "),
+    (["attention._target_=captioning.models.attention.SoftAttention"],
+     "attention._target_: 'captioning.models.attention.SoftAttention' is now named 'soft'"),
     (["encoder=vgg16", "encoder.arch=vgg17"], "encoder.arch='vgg17': choose one of vgg11, "),
     (["encoder=resnet50", "encoder.fine_tune=last"], "encoder.fine_tune='last': choose one of none, top, all"),
     (["trainer.monitor=cider"], "trainer.monitor='cider' is not computed during validation; choose one of "),
@@ -302,11 +303,10 @@ def test_a_new_target_group_is_checked_by_its_signature_without_schema_edits(mon
 # -- the data reader, chosen by `_target_` ----------------------------------------------------------------------
 def test_the_reader_is_a_registered_target_checked_by_its_signature(real_files):
     cfg = _compose(*real_files)
-    assert cfg.dataset.reader._target_ == "captioning.data.karpathy.read_karpathy_splits"
+    assert cfg.dataset.reader._target_ == "karpathy"
     with pytest.raises(ConfigError) as err:
         validate_train_config(_compose("dataset.reader._target_=os.makedirs"))
-    assert err.value.problems == [("dataset.reader", ("unknown type 'os.makedirs'; choose one of read_karpathy_splits, "
-                                   "read_coco_captions, read_table (a new one needs its line in "
-                                   "captioning/factory/registry.py)"))]
+    assert err.value.problems == [("dataset.reader", ("unknown type 'os.makedirs'; choose one of karpathy, coco, "
+                                   "table (a new one needs its line in captioning/factory/registry.py)"))]
     with pytest.raises(ConfigError, match=r"dataset\.reader\.splits: set by the code that builds read_karpathy_splits"):
         validate_train_config(_compose("+dataset.reader.splits=[train]"))

@@ -295,7 +295,7 @@ def test_the_reader_is_checked_and_an_old_dataset_format_still_reads(shapes_json
         load_records({"reader": {"_target_": "os.makedirs", "name": str(tmp_path / "marker")}}, ["train"])
     assert not (tmp_path / "marker").exists()
     with pytest.raises(ModelSpecError, match="dataset.reader lacks train_captions, required by read_coco_captions"):
-        load_records({"reader": {"_target_": "captioning.data.coco_captions.read_coco_captions", "image_root": "."}},
+        load_records({"reader": {"_target_": "coco", "image_root": "."}},
                      ["train"])
     # A dataset section stored before dataset.reader (an older checkpoint's) names its reader with `format`.
     legacy = {"format": "karpathy", "annotations": str(shapes_json), "image_root": str(shapes_json.parent)}

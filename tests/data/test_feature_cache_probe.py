@@ -31,7 +31,7 @@ from captioning.runtime import CONF_DIR
 from captioning.tools.extract_features import extract
 from captioning.train import train
 
-CFG = {"_target_": "captioning.models.encoder.SmallCNN", "channels": list(TINY_CHANNELS), "num_pools": TINY_POOLS,
+CFG = {"_target_": "small_cnn", "channels": list(TINY_CHANNELS), "num_pools": TINY_POOLS,
        "image_size": 32}
 D = TINY_CHANNELS[-1]
 

@@ -17,7 +17,7 @@ from captioning.models.encoder import ResNetEncoder, SmallCNN
 
 COCO_IMAGES = 123_287  # Karpathy train + restval + val + test: every image of train2014 and val2014
 # A frozen, randomly initialised ResNet-18: 64 px -> 2 x 2 x 512 (its transform gives every image one size).
-RESNET_CFG = {"_target_": "captioning.models.encoder.ResNetEncoder", "arch": "resnet18", "pretrained": False,
+RESNET_CFG = {"_target_": "resnet", "arch": "resnet18", "pretrained": False,
               "fine_tune": "none", "grid_size": 2, "image_size": 64}
 
 

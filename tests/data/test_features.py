@@ -32,7 +32,7 @@ from captioning.data.karpathy import read_karpathy
 from captioning.models.encoder import SmallCNN
 
 # The tiny encoder at a fixed 32 px (8 x 8 x 16 grids), as a config and as a frozen module.
-CFG = {"_target_": "captioning.models.encoder.SmallCNN", "channels": list(TINY_CHANNELS), "num_pools": TINY_POOLS,
+CFG = {"_target_": "small_cnn", "channels": list(TINY_CHANNELS), "num_pools": TINY_POOLS,
        "image_size": 32}
 D = TINY_CHANNELS[-1]
 

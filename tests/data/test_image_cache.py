@@ -16,7 +16,7 @@ from captioning.models.encoder import SmallCNN
 
 
 def _datasets(shapes_json: Path, cache: bool) -> dict:
-    cfg = {"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": str(shapes_json),
+    cfg = {"reader": {"_target_": "karpathy", "annotations": str(shapes_json),
                       "image_root": str(shapes_json.parent)},
            "prepared": None, "min_word_freq": 1, "max_vocab": None, "max_caption_len": 20, "captions_per_image": 2,
            "cache_images": cache}

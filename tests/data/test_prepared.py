@@ -43,7 +43,7 @@ def _sets(tmp_path: Path) -> list[Path]:
 
 
 def _cfg(annotations: Path, folder: Path | None, **extra) -> dict:
-    return {"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": str(annotations),
+    return {"reader": {"_target_": "karpathy", "annotations": str(annotations),
                        "image_root": str(annotations.parent / "images"), **extra},
             "prepared": str(folder) if folder else None, "min_word_freq": 2, "max_vocab": None}
 
@@ -72,7 +72,7 @@ def test_prepared_captions_equal_the_read_ones_caption_for_caption(source, shape
     path = shapes_json if source == "shapes" else _karpathy(tmp_path)
     image_root = path.parent if source == "shapes" else path.parent / "images"
     records = read_karpathy_splits(SPLITS, path, image_root)
-    cfg = {"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": str(path),
+    cfg = {"reader": {"_target_": "karpathy", "annotations": str(path),
                       "image_root": str(image_root)}, "prepared": str(tmp_path / "prepared")}
     for _ in range(2):  # built, then opened memory-mapped
         table = load_table(cfg)
@@ -92,7 +92,7 @@ def test_prepared_captions_equal_the_read_ones_caption_for_caption(source, shape
 def test_build_datasets_gives_the_same_data_with_and_without_prepared(shapes_json, tmp_path):
     from omegaconf import OmegaConf
 
-    base = {"reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits", "annotations": str(shapes_json),
+    base = {"reader": {"_target_": "karpathy", "annotations": str(shapes_json),
                        "image_root": str(shapes_json.parent)}, "min_word_freq": 1, "max_vocab": None,
             "max_caption_len": 7, "captions_per_image": None}
     vocab_a, plain = build_datasets(OmegaConf.create({**base, "prepared": None}), transform=None)
@@ -153,7 +153,7 @@ def test_each_setting_that_decides_the_content_rebuilds_it_and_says_why(change, 
 
 
 def test_coco_reader_settings_are_part_of_the_content():
-    spec = {"_target_": "captioning.data.coco_captions.read_coco_captions", "num_val": 5000}
+    spec = {"_target_": "coco", "num_val": 5000}
     files = {"train_captions": {"path": "/x", "sha256": "0" * 64}}
     assert prepared.content_key(spec, files) != prepared.content_key({**spec, "num_val": 4000}, files)
     assert prepared._differences(prepared.content_key({**spec, "num_val": 4000}, files),

@@ -187,7 +187,7 @@ def test_the_converter_refuses_what_a_karpathy_file_cannot_hold(tmp_path):
 
 def test_the_reader_runs_from_a_dataset_config_and_the_composed_config_validates(tmp_path):
     path = _write(tmp_path / "captions.csv", CSV)
-    spec = {"_target_": "captioning.data.table.read_table", "annotations": str(path), "image_root": str(tmp_path)}
+    spec = {"_target_": "table", "annotations": str(path), "image_root": str(tmp_path)}
     out = load_records({"reader": spec}, ["train", "test"])
     assert _summary(out["test"]) == [(3, tmp_path / "c.jpg", [["two", "birds"]], ["Two birds"])]
     assert [r.image_id for r in out["train"]] == [1, 4]
@@ -195,7 +195,7 @@ def test_the_reader_runs_from_a_dataset_config_and_the_composed_config_validates
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["dataset=coco", "dataset/reader=table", f"dataset.annotations={path}",
                                           f"dataset.image_root={tmp_path / 'photos'}"])
-    assert dict(cfg.dataset.reader) == {"_target_": "captioning.data.table.read_table", "annotations": str(path),
+    assert dict(cfg.dataset.reader) == {"_target_": "table", "annotations": str(path),
                                         "image_root": str(tmp_path / "photos"), "val_size": 1000, "test_size": 1000,
                                         "seed": 0}
     validate_train_config(cfg)

@@ -107,7 +107,7 @@ def test_the_command_writes_three_graphs_and_the_manifest_and_prints_their_sizes
     assert manifest["grid"] == [8, 8] and manifest["preprocess"]["input_size"] == [64, 64]  # 64 px, 3 pools
     assert manifest["state"]["count"] == 3 and manifest["state"]["tree"] == [0, 1, 2]  # (h, c, alpha)
     assert manifest["vocab"][:4] == ["<pad>", "<start>", "<end>", "<unk>"]
-    assert manifest["model"]["attention"]["_target_"].endswith("SoftAttention")
+    assert manifest["model"]["attention"]["_target_"] == "soft"
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging folder left behind
 
 
@@ -204,11 +204,11 @@ def test_every_attention_and_decoder_exports_and_captions_as_torch(attention, de
 
 
 VARIANTS = {
-    "resnet18": {"encoder": {"_target_": "captioning.models.encoder.ResNetEncoder", "arch": "resnet18",
+    "resnet18": {"encoder": {"_target_": "resnet", "arch": "resnet18",
                              "pretrained": False, "image_size": 64, "grid_size": 3}},
     "sat-zero-state-no-gate": {"decoder": {**TINY_MODEL["decoder"], "init_from_annotations": False,
                                            "selector": False}},
-    "luong-no-input-feeding": {"decoder": {"_target_": "captioning.models.luong_decoder.LuongDecoder", "embed_dim": 16,
+    "luong-no-input-feeding": {"decoder": {"_target_": "luong", "embed_dim": 16,
                                            "hidden_dim": 32, "input_feeding": False, "init_layers": 2}},
     "small-cnn-resizing": {"encoder": {**TINY_MODEL["encoder"], "image_size": 40}},
 }

@@ -49,7 +49,7 @@ def good(shapes_json: Path, tmp_path: Path) -> Path:
     model = build_captioner(TINY_MODEL, len(vocab))
     root = str(shapes_json.parent)
     dataset = {"name": "shapes", "root": root, "annotations": str(shapes_json), "image_root": root,
-               "reader": {"_target_": "captioning.data.karpathy.read_karpathy_splits",
+               "reader": {"_target_": "karpathy",
                           "annotations": str(shapes_json), "image_root": root}}
     return save_checkpoint(tmp_path / "good.pt", model, vocab, {"model": copy.deepcopy(TINY_MODEL),
                                                                  "dataset": dataset})

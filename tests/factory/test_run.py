@@ -28,7 +28,7 @@ def test_build_run_gives_the_trainer_every_part(shapes_json, tmp_path):
     assert isinstance(parts.objective, CrossEntropy) and parts.scheduler is not None
     assert parts.eval.beam_size == 2 and parts.eval.metrics == ("bleu", "cider") and parts.loader.batch_size == 6
     assert parts.config == stored_config(cfg) and parts.config["model"] == model_config(cfg)
-    assert parts.run_info == {"attention": "SoftAttention", "dataset": "shapes"}  # outside Hydra: the class name
+    assert parts.run_info == {"attention": "soft", "dataset": "shapes"}  # outside Hydra: the registered name
     assert len(parts.vocab) == parts.model.decoder.vocab_size
     assert [p.data_ptr() for g in parts.optimizer.param_groups for p in g["params"]] == \
         [p.data_ptr() for p in parts.model.parameters() if p.requires_grad]

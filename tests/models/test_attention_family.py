@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 from fixtures import TINY_MODEL, assert_every_parameter_learns
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from captioning.factory import registry
 from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
 from captioning.models.attention import Attention, SoftAttention
@@ -35,13 +35,19 @@ SMALL = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "kernel_size"
 def _config(name: str) -> dict:
     """conf/attention/<name>.yaml with its sizes shrunk for tests."""
     cfg = OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"))
-    assert cfg["_target_"].startswith("captioning.models.attention")
+    assert cfg["_target_"] in registry.ATTENTIONS
     return {k: SMALL.get(k, v) for k, v in cfg.items()}
+
+
+def _built(spec: dict, D: int, n: int) -> Attention:
+    """The registered attention `spec` names, for annotations of D values and a hidden state of n."""
+    cls, kwargs = registry.resolve("attention", spec, "attention")
+    return cls(annotation_dim=D, hidden_dim=n, **kwargs)
 
 
 def _make(name: str, D: int = 6, n: int = 5, **overrides) -> Attention:
     torch.manual_seed(0)
-    return instantiate(OmegaConf.create({**_config(name), **overrides}), annotation_dim=D, hidden_dim=n)
+    return _built({**_config(name), **overrides}, D, n)
 
 
 def _padded_batch(B: int = 2, grid: tuple[int, int] = (3, 4), D: int = 6, n: int = 5):
@@ -147,7 +153,7 @@ def test_initial_attention_is_not_saturated_at_the_papers_sizes(name):
     """L = 196 (14 x 14), D = 512, n = 1800; a = relu(N(0, 1)) like post-ReLU CNN features, h = tanh(N(0, 1))."""
     L, D, n = 196, 512, 1800
     torch.manual_seed(0)
-    att = instantiate(OmegaConf.load(CONF / f"{name}.yaml"), annotation_dim=D, hidden_dim=n).eval()
+    att = _built(OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml")), D, n).eval()
     torch.manual_seed(1)
     a, h = torch.relu(torch.randn(4, L, D)), torch.tanh(torch.randn(4, n))
     with torch.no_grad():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import AttentionOutput, HardAttention, SoftAttention
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoding import beam_search, greedy_decode
 
 

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from captioning.factory.checkpoints import load_model
 from captioning.factory.models import build_captioner
 from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
+from captioning.models.decoders.luong import LuongDecoder
 from captioning.models.decoding import beam_search, greedy_decode
-from captioning.models.luong_decoder import LuongDecoder
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 

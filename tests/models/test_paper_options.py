@@ -15,7 +15,8 @@ from torch import nn
 
 from captioning.factory.models import build_captioner, model_config
 from captioning.models.attention import HardAttention, SoftAttention
-from captioning.models.decoder import ShowAttendTellDecoder, _mlp
+from captioning.models.decoders.base import mlp as _mlp
+from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.runtime import CONF_DIR
 
 V, D, L, A, M, N_HID = 13, 10, 20, 8, 6, 7

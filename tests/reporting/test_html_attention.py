@@ -28,7 +28,7 @@ from captioning.reporting.numbers import format_metric
 from captioning.tools.html import attention_metrics, main
 
 # A ResNet-18 encoder (random weights): 32 px after a resize to 37 and a centre crop, so its view is not the image.
-CROP_MODEL = {**TINY_MODEL, "encoder": {"_target_": "captioning.models.encoder.ResNetEncoder", "arch": "resnet18",
+CROP_MODEL = {**TINY_MODEL, "encoder": {"_target_": "resnet", "arch": "resnet18",
                                         "pretrained": False, "fine_tune": "none", "grid_size": 2, "image_size": 32}}
 PERSON, DOG = 1, 18
 

@@ -19,9 +19,9 @@ from captioning.runtime import CONF_DIR
 from captioning.tools.caption import main
 
 TRANSFORMER = {**TINY_MODEL,
-               "attention": {"_target_": "captioning.models.attention_family.MultiHeadAttention", "num_heads": 2,
+               "attention": {"_target_": "multihead", "num_heads": 2,
                              "head_dim": 8},
-               "decoder": {"_target_": "captioning.models.transformer_decoder.TransformerDecoder", "d_model": 16,
+               "decoder": {"_target_": "transformer", "d_model": 16,
                            "num_layers": 2, "num_heads": 2, "ff_dim": 32}}
 
 

@@ -25,7 +25,7 @@ from captioning.metrics import CiderD, score_captions
 from captioning.metrics.tokenizer import ptb_tokenize
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.captioner import Captioner
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.train import train

@@ -25,7 +25,7 @@ from torch import nn
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import HardAttention
 from captioning.models.decoding import compact_due, special_ids, word_log_probs
-from captioning.models.fused import autocast_input
+from captioning.models.fused.dtypes import autocast_input
 from captioning.models.rows import live_rows, map_state, repeat_rows, select_rows
 
 

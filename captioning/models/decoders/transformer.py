@@ -29,17 +29,15 @@ from torch import nn
 from captioning.base.constraints import Count, DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.attention_family import MultiHeadAttention
-from captioning.models.decoder import DecoderOutput
+from captioning.models.decoders.base import Decoder, DecoderOutput
+from captioning.models.decoders.transformer_layers import AnnotationMemory, Cache, DecoderLayer, sinusoid
 from captioning.models.rows import images_and_rows, plain_rows
-from captioning.models.transformer_layers import AnnotationMemory, Cache, DecoderLayer, sinusoid
 
 TransformerState = tuple[Cache, ...]  # per decoder layer: its self-attention keys and values (N, H, t, d_k) each
 
 
-class TransformerDecoder(nn.Module):
+class TransformerDecoder(Decoder):
     """N Transformer decoder layers over the words so far and the image's annotation vectors a (B, L, D)."""
-
-    rows_share_images = True  # step() takes a and keys per image with k state rows each (see decoding.py)
 
     @constrained
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
