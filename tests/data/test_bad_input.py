@@ -291,7 +291,7 @@ def test_the_reader_is_checked_and_an_old_dataset_format_still_reads(shapes_json
     from captioning.factory.registry import ModelSpecError
 
     with pytest.raises(ModelSpecError, match=r"dataset\.reader\._target_ 'os\.makedirs' is not one of this project's "
-                       r"data set readers \(read_karpathy_splits, read_coco_captions, read_table\)"):
+                       r"data set readers \(karpathy, coco, table\)"):
         load_records({"reader": {"_target_": "os.makedirs", "name": str(tmp_path / "marker")}}, ["train"])
     assert not (tmp_path / "marker").exists()
     with pytest.raises(ModelSpecError, match="dataset.reader lacks train_captions, required by read_coco_captions"):

@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, assert_every_parameter_learns
+from fixtures import TINY_MODEL
 from omegaconf import OmegaConf
 
 from captioning.factory import registry
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
 from captioning.models.attention import Attention, SoftAttention
 from captioning.models.attention_family import (
     GeneralAttention,
@@ -21,7 +20,6 @@ from captioning.models.attention_family import (
     grid_positions,
     resolve_grid,
 )
-from captioning.models.decoding import beam_search, greedy_decode
 from captioning.runtime import CONF_DIR
 
 CONF = CONF_DIR / "attention"
@@ -108,37 +106,6 @@ def test_multihead_context_depends_on_the_annotations():
 def _captioner(name: str):
     torch.manual_seed(0)
     return build_captioner({**TINY_MODEL, "attention": _config(name)}, vocab_size=12)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_every_parameter_gets_a_gradient_inside_the_captioner(name):
-    model = _captioner(name)
-    torch.manual_seed(1)
-    images, captions = torch.randn(3, 3, 32, 32), torch.randint(4, 12, (6, 7))
-    captions[:, 0] = 1
-    captions[0, 5:] = 0
-    out = model(images, captions, torch.arange(3).repeat_interleave(2))
-    assert out.alphas.shape == (6, 6, 64)
-    torch.testing.assert_close(out.alphas.sum(-1), torch.ones(6, 6))
-    caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    assert_every_parameter_learns(model)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_beam_size_one_is_greedy(name):
-    model = _captioner(name).eval()
-    torch.manual_seed(3)
-    a, grid = model.encode(torch.randn(4, 3, 32, 40))  # an (8, 10) grid: not square
-    assert grid == (8, 10)
-    mask = torch.ones(4, 80, dtype=torch.bool)
-    mask[0] = (grid_positions(*grid)[:, 0] < 6) & (grid_positions(*grid)[:, 1] < 7)  # a smaller image, padded
-    g = greedy_decode(model.decoder, a, max_len=8, mask=mask, grid=grid)
-    b = beam_search(model.decoder, a, beam_size=1, max_len=8, mask=mask, grid=grid)
-    assert g.tokens == b.tokens
-    torch.testing.assert_close(g.scores, b.scores)
-    for ga, ba in zip(g.alphas, b.alphas):
-        torch.testing.assert_close(ga, ba)
-    assert all((alpha[:, ~mask[0]] == 0).all() for alpha in g.alphas[:1])
 
 
 # --- initial scale: nothing starts saturated at the paper's sizes ---------------------------------------------

@@ -1,4 +1,6 @@
-"""decoder=transformer: shapes, maps, gradients, incremental decoding against full recomputation, decoding, overfit."""
+"""decoder=transformer: what only it holds (its cross-attention choice, cancelling biases, incremental decoding against
+full recomputation, the chosen map, positions, bf16). Shapes, maps, gradients, packed = plain, beam 1 = greedy and
+overfitting: tests/models/test_decoders.py."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import pytest
 import torch
 from fixtures import (
     TINY_MODEL,
-    assert_every_parameter_learns,
     cancelling_entries,
     masked_annotations,
     padded_captions,
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from captioning.factory.models import build_captioner
 from captioning.losses import caption_loss
 from captioning.models.decoders.transformer import TransformerDecoder
-from captioning.models.decoding import beam_search, greedy_decode
+from captioning.models.decoding import greedy_decode
 from captioning.runtime import CONF_DIR
 
 CROSS = ["multihead", "soft", "dot", "general", "concat", "local"]  # the attention types a layer can run
@@ -46,19 +47,6 @@ def test_conf_decoder_transformer_selects_multihead_cross_attention():
         sat = compose("train", overrides=["decoder=sat"])
     assert chosen.attention._target_ == "multihead"
     assert asked.attention._target_ == "soft" and sat.attention._target_ == "soft"
-
-
-@pytest.mark.parametrize("name", CROSS)
-def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
-    model = _model(name, encoder_layers=1)
-    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
-    out = model(torch.randn(3, 3, 32, 32), captions, idx)
-    N, T = 6, 6
-    assert out.logits.shape == (N, T, V) and out.alphas.shape == (N, T, 64) and out.betas.shape == (N, T)
-    torch.testing.assert_close(out.alphas.sum(-1), torch.ones(N, T))
-    assert (out.betas == 1).all() and out.log_probs is None
-    caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    assert_every_parameter_learns(model)
 
 
 def test_the_key_and_score_biases_change_no_output():
@@ -130,21 +118,6 @@ def test_packed_lengths_give_the_dense_logits_of_the_real_tokens():
     assert packed.alphas.shape == dense.alphas.shape and torch.equal(packed.betas, real.float())
 
 
-@pytest.mark.parametrize("name", CROSS)
-def test_beam_size_one_is_greedy(name):
-    dec = _model(name).decoder.eval()
-    a, mask, grid = masked_annotations(4)
-    g = greedy_decode(dec, a, max_len=8, mask=mask, grid=grid)
-    b = beam_search(dec, a, beam_size=1, max_len=8, mask=mask, grid=grid)
-    assert g.tokens == b.tokens
-    torch.testing.assert_close(g.scores, b.scores)
-    for ga, ba in zip(g.alphas, b.alphas):
-        torch.testing.assert_close(ga, ba)
-        torch.testing.assert_close(ga.sum(-1), torch.ones(ga.shape[0]))
-    assert (g.alphas[0][:, ~mask[0]] == 0).all()
-    assert len(beam_search(dec, a, beam_size=3, max_len=8, mask=mask, grid=grid).tokens) == 4
-
-
 def test_the_map_is_a_chosen_layer_and_head_of_the_cross_attention():
     dec = _model().decoder.eval()
     a, mask, grid = masked_annotations()
@@ -180,23 +153,6 @@ def test_learned_positions_refuse_captions_past_their_table():
         _, state, _ = dec.step(torch.full((3,), 4), state, a, keys)
     with pytest.raises(ValueError, match="max_positions"):
         dec.step(torch.full((3,), 4), state, a, keys)
-
-
-@pytest.mark.parametrize("name", ["multihead", "soft"])
-def test_a_tiny_model_overfits_one_batch(name):
-    dec = _model(name).decoder.train()
-    a, mask, grid = masked_annotations(6)
-    captions, idx = padded_captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
-    opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(100):
-        out = dec(a, captions, idx, mask=mask, grid=grid)
-        loss = caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0, attention_weight=0.0).token_nll
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.05 * losses[0], (losses[0], losses[-1])
 
 
 def test_bf16_autocast_gives_the_float32_loss_and_float32_gradients():

@@ -1,21 +1,18 @@
-"""decoder=updown with every attention in conf/attention/: shapes, normalisation, gradients, decoding, step parity.
-
-The fast teacher forcing is compared with `forward_plain` (lengths, gradients) in tests/models/test_fast_path.py,
-and one SCST step per attention in tests/training/test_scst.py (both loop over conf/decoder/)."""
+"""decoder=updown: what only it holds (two LSTMs with zero states, padded regions, a trained run). What every
+decoder holds (shapes, maps, gradients, packed = plain, beam 1 = greedy, overfitting) is tests/models/test_decoders.py's,
+and one SCST step per attention tests/training/test_scst.py's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, assert_every_parameter_learns, compose_tiny_train, masked_annotations, padded_captions
+from fixtures import TINY_MODEL, compose_tiny_train, masked_annotations, padded_captions
 from omegaconf import OmegaConf
 
 from captioning.factory.checkpoints import load_model
 from captioning.factory.models import build_captioner
-from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 from captioning.models.decoders.base import mean_annotation
 from captioning.models.decoders.updown import UpDownDecoder
-from captioning.models.decoding import beam_search, greedy_decode
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 
@@ -66,91 +63,6 @@ def test_padded_regions_change_nothing(name):
         out, other = dec(a, captions, idx, mask=mask, grid=grid), dec(noisy, captions, idx, mask=mask, grid=grid)
     torch.testing.assert_close(out.logits, other.logits)
     assert (out.alphas[:2][..., ~mask[0]] == 0).all()
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_shapes_alphas_and_every_parameter_gets_a_gradient(name):
-    model = _model(name)
-    captions, idx = padded_captions(), torch.arange(3).repeat_interleave(2)
-    if name == "hard":
-        model.decoder.attention.sample_this_batch = False  # the expected context; sampling is tested below
-    out = model(torch.randn(3, 3, 32, 32), captions, idx)
-    N, T = 6, 6
-    assert out.logits.shape == (N, T, V) and out.alphas.shape == (N, T, 64) and out.betas.shape == (N, T)
-    torch.testing.assert_close(out.alphas.sum(-1), torch.ones(N, T))
-    assert (out.betas == 1).all() and out.log_probs is None
-    caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0).total.backward()
-    assert_every_parameter_learns(model)
-
-
-def test_hard_attention_samples_and_reinforce_reaches_every_parameter():
-    model = _model("hard")
-    model.decoder.attention.sample_this_batch = True
-    captions = padded_captions()
-    torch.manual_seed(3)
-    out = model(torch.randn(3, 3, 32, 32), captions, torch.arange(3).repeat_interleave(2))
-    assert out.log_probs.shape == (6, 6) and out.entropies.shape == (6, 6)
-    assert (out.log_probs <= 0).all() and (out.entropies >= 0).all()
-    terms = hard_attention_loss(out.logits, captions[:, 1:], out.alphas, out.log_probs, out.entropies, 0,
-                                MovingAverageBaseline(0.9), reward_weight=1.0, entropy_weight=0.01)
-    terms.total.backward()
-    assert_every_parameter_learns(model)
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("init_from_annotations", [False, True])
-def test_teacher_forcing_equals_step_by_step(name, init_from_annotations):
-    dec = _model(name, init_from_annotations=init_from_annotations).decoder.eval()
-    a, mask, grid = masked_annotations()
-    captions, idx = padded_captions(), torch.tensor([0, 0, 1, 1, 2, 2])
-    with torch.no_grad():
-        out = dec(a, captions, idx, mask=mask, grid=grid)
-        keys = dec.attention.prepare(a, grid)[idx]
-        state = dec.init_state(a[idx], mask[idx])
-        for t in range(captions.shape[1] - 1):
-            prev_alpha = state[4]
-            logits, state, att = dec.step(captions[:, t], state, a[idx], keys, mask[idx])
-            torch.testing.assert_close(logits, out.logits[:, t], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(att.alpha, out.alphas[:, t], atol=1e-6, rtol=1e-5)
-            # y_t's map is computed from h1_t, the attention LSTM's state after this step (and alpha_{t-1})
-            again = dec.attention(a[idx], keys, state[0], mask[idx], prev_alpha)
-            torch.testing.assert_close(att.alpha, again.alpha)
-            assert (att.alpha[~mask[idx]] == 0).all()
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_beam_size_one_is_greedy(name):
-    dec = _model(name).decoder.eval()
-    a, mask, grid = masked_annotations(4)
-    g = greedy_decode(dec, a, max_len=8, mask=mask, grid=grid)
-    b = beam_search(dec, a, beam_size=1, max_len=8, mask=mask, grid=grid)
-    assert g.tokens == b.tokens
-    torch.testing.assert_close(g.scores, b.scores)
-    for ga, ba in zip(g.alphas, b.alphas):
-        torch.testing.assert_close(ga, ba)
-        torch.testing.assert_close(ga.sum(-1), torch.ones(ga.shape[0]))
-    assert (g.alphas[0][:, ~mask[0]] == 0).all()
-    assert len(beam_search(dec, a, beam_size=3, max_len=8, mask=mask, grid=grid).tokens) == 4
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_tiny_model_overfits_one_batch(name):
-    dec = _model(name).decoder.train()
-    a, mask, grid = masked_annotations(6)
-    captions, idx = padded_captions(), torch.arange(6)  # one caption per image: nothing ambiguous to learn
-    if name == "hard":
-        dec.attention.expected_context_prob = 1.0  # the expected context: a deterministic gradient
-    opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(100):
-        dec.attention.begin_batch()
-        out = dec(a, captions, idx, mask=mask, grid=grid)
-        loss = caption_loss(out.logits, captions[:, 1:], out.alphas, pad_id=0, attention_weight=0.0).token_nll
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.05 * losses[0], (losses[0], losses[-1])
 
 
 def test_train_app_with_the_updown_decoder(shapes_json, tmp_path):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -31,9 +31,6 @@ from captioning.models.fused.dtypes import autocast_input
 from captioning.models.fused.unrolled import UnrolledLinear, UnrolledLSTM
 from captioning.models.packing import StepPlan
 from captioning.models.rows import images_and_rows, map_state, plain_rows
-
-if TYPE_CHECKING:
-    from captioning.models.decoders.recurrent import RecurrentDecoder
 
 Spread = Callable[[torch.Tensor], torch.Tensor]  # a per-image tensor (B, ...) onto the rows being computed
 
@@ -47,6 +44,26 @@ class Step:
     att: AttentionOutput
     readout: tuple[torch.Tensor, ...]
     beta: torch.Tensor | None = None
+
+
+class Recurrence(Protocol):
+    """What the engine needs of a decoder (`recurrent.RecurrentDecoder` has it): its attention and word embedding,
+    its initial state, each LSTM cell's fixed input, one step of its recurrence and its readout."""
+
+    attention: Any
+    embed: nn.Embedding
+
+    def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any: ...
+
+    def init_rows(self, a: torch.Tensor, mask: torch.Tensor | None, k: int) -> Any: ...
+
+    def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
+                     spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]: ...
+
+    def recur(self, io: StepIO, state: Any, a: torch.Tensor, keys: torch.Tensor,
+              mask: torch.Tensor | None) -> Step: ...
+
+    def readout(self, emb: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor: ...
 
 
 class StepIO:
@@ -176,7 +193,7 @@ def _same(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def teacher_force(decoder: RecurrentDecoder, a: torch.Tensor, captions: torch.Tensor,
+def teacher_force(decoder: Recurrence, a: torch.Tensor, captions: torch.Tensor,
                   image_index: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                   grid: tuple[int, int] | None = None, lengths: torch.Tensor | None = None) -> DecoderOutput:
     """Teacher forcing over captions (N, T+1) that start with <start>; a (B, L, D) holds one grid per image.
@@ -204,7 +221,7 @@ def teacher_force(decoder: RecurrentDecoder, a: torch.Tensor, captions: torch.Te
     return out.output(logits if lengths is None else logits.reshape(-1, logits.shape[-1]), plan.padded)
 
 
-def teacher_force_plain(decoder: RecurrentDecoder, a: torch.Tensor, captions: torch.Tensor,
+def teacher_force_plain(decoder: Recurrence, a: torch.Tensor, captions: torch.Tensor,
                         image_index: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                         grid: tuple[int, int] | None = None) -> DecoderOutput:
     """Teacher forcing written out: every caption its own copy of its image, every step, the cells as they are."""
