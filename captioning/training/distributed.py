@@ -31,9 +31,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from captioning.data.dataset import CaptionDataset
 from captioning.evaluation.split import decode_split as decode_whole
-from captioning.losses import MovingAverageBaseline
 from captioning.models.captioner import Captioner
 from captioning.reporting.items import Prediction
+from captioning.training.losses import MovingAverageBaseline
 
 T = TypeVar("T")
 

@@ -15,15 +15,15 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from captioning.base.jsonio import write_json_atomic
 from captioning.checkpoint import load_same_model, read_checkpoint, save_checkpoint
 from captioning.data.dataset import Batch, CaptionDataset, item_lengths, training_view
-from captioning.data.jsonio import write_json_atomic
 from captioning.evaluation.split import evaluate_split, score_predictions
-from captioning.losses import LossTerms, MovingAverageBaseline
 from captioning.models.captioner import Captioner, selects_regions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.items import Prediction
 from captioning.training import distributed, precision, randomness, schedule
+from captioning.training.losses import LossTerms, MovingAverageBaseline
 from captioning.training.objectives import LossContext
 from captioning.training.parts import RunParts
 from captioning.training.stop import BadSteps, StopRequest, TrainingInterrupted

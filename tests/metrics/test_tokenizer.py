@@ -3,7 +3,7 @@
 :func:`captioning.metrics.tokenizer._scan` takes shortcuts (runs of plain words, rules chosen by their
 first character); :func:`~captioning.metrics.tokenizer._scan_full` is the plain transcription of the
 Java scanner's longest-match loop.  They are compared token for token on realistic captions (several
-seeds of :func:`captioning.data.synthetic_text.realistic_corpus`), on adversarial strings and on
+seeds of :func:`synthetic_text.realistic_corpus`), on adversarial strings and on
 seeded random fragment soup, and, when Java is installed, :func:`ptb_tokenize` is compared with the
 jar itself.  Token-level checks of the rules themselves live in ``tests/test_metrics.py``.
 """
@@ -15,8 +15,8 @@ import re
 
 import pytest
 from fixtures import needs_java
+from synthetic_text import realistic_corpus
 
-from captioning.data.synthetic_text import realistic_corpus
 from captioning.metrics import java_ptb_tokenize, ptb_tokenize
 from captioning.metrics.ptb_rules import RULES
 from captioning.metrics.tokenizer import (

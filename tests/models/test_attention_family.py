@@ -12,7 +12,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
 from captioning.models.attention import Attention, SoftAttention
 from captioning.models.attention_family import (
     GeneralAttention,
@@ -23,6 +22,7 @@ from captioning.models.attention_family import (
 )
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import caption_loss
 
 CONF = CONF_DIR / "attention"
 NAMES = ["soft", "dot", "general", "concat", "local", "location", "multihead"]

@@ -12,7 +12,6 @@ from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 from captioning.factory import registry
-from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 from captioning.models import fused, packing
 from captioning.models.attention import SoftAttention, additive_scores
 from captioning.models.attention_family import grid_positions
@@ -23,6 +22,7 @@ from captioning.models.luong_decoder import LuongDecoder
 from captioning.models.packing import StepPlan, prefix_lengths
 from captioning.models.updown_decoder import UpDownDecoder
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 from captioning.training.scst.sampling import sample_captions
 
 CONF = CONF_DIR / "attention"

@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 from captioning.factory import registry
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
 from captioning.models.attention import SoftAttention
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import caption_loss
 
 
 def _batch(B=3, caps_per_image=2, T=7, V=12):
@@ -108,10 +108,18 @@ def test_every_conf_target_is_registered_and_its_arguments_pass_the_check(group)
         assert registry.GROUPS[group][spec["_target_"]] is cls and "_target_" not in kwargs
 
 
+# The readers and the shapes generator moved into data/readers/ and data/shapes/ after checkpoints had stored their
+# import paths as `dataset.reader` / `dataset.generate` targets: their keys stay the paths those checkpoints hold.
+MOVED = {"captioning.data.karpathy.read_karpathy_splits": "captioning.data.readers.karpathy.read_karpathy_splits",
+         "captioning.data.coco_captions.read_coco_captions": "captioning.data.readers.coco_captions.read_coco_captions",
+         "captioning.data.table.read_table": "captioning.data.readers.table.read_table",
+         "captioning.data.shapes.build_shapes": "captioning.data.shapes.generate.build_shapes"}
+
+
 @pytest.mark.parametrize("group", sorted(registry.GROUPS))
 def test_registry_keys_are_the_import_paths_of_their_classes(group):
     for name, cls in registry.GROUPS[group].items():
-        assert name == f"{cls.__module__}.{cls.__qualname__}"
+        assert MOVED.get(name, name) == f"{cls.__module__}.{cls.__qualname__}"
 
 
 def test_build_captioner_takes_classes_from_the_registry_only():

@@ -12,12 +12,12 @@ from omegaconf import OmegaConf
 
 from captioning.factory.checkpoints import load_model
 from captioning.factory.models import build_captioner
-from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 from captioning.models.decoder import mean_annotation
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.updown_decoder import UpDownDecoder
 from captioning.runtime import CONF_DIR
 from captioning.train import train
+from captioning.training.losses import MovingAverageBaseline, caption_loss, hard_attention_loss
 
 CONF = CONF_DIR
 NAMES = sorted(p.stem for p in (CONF / "attention").glob("*.yaml"))

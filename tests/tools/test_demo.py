@@ -33,7 +33,7 @@ from PIL import Image
 
 import captioning
 from captioning.checkpoint import save_checkpoint
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import END, Vocabulary
 from captioning.factory.models import build_captioner
 from captioning.inference.demo_page import DISPLAY_SIDE

@@ -17,10 +17,9 @@ from fixtures import TINY_ENCODER, TINY_MODEL
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner, model_config
-from captioning.losses import MovingAverageBaseline, leave_one_out_baseline
 from captioning.metrics import CiderD, score_captions
 from captioning.metrics.tokenizer import ptb_tokenize
 from captioning.models.attention import HardAttention, SoftAttention
@@ -29,6 +28,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.train import train
+from captioning.training.losses import MovingAverageBaseline, leave_one_out_baseline
 from captioning.training.objectives import LossContext, SelfCritical, self_critical_baseline
 from captioning.training.scst.rewards import CaptionReward
 from captioning.training.scst.sampling import Samples, sample_captions
