@@ -10,6 +10,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "captioning"
 # The apps: console entry points. Everything else in captioning/ is the library.
 APPS = ("captioning.train", "captioning.evaluate", "captioning.tools")
+# What the apps share (one-line errors, exit status, option checks): on their side, so the library never imports it.
+APP_SHARED = ("captioning.cli",)
 # Rule tables (data, not logic) may be longer than the limit.
 RULE_TABLES = {"captioning.metrics.ptb_rules", "captioning.metrics.coco_words"}
 MAX_LINES = 350
@@ -69,7 +71,8 @@ def _is_app(name: str) -> bool:
 
 
 def test_the_library_never_imports_an_app():
-    upward = [(m, t) for m, targets in GRAPH.items() if not _is_app(m) for t in targets if _is_app(t)]
+    library = [m for m in GRAPH if not _is_app(m) and m not in APP_SHARED]
+    upward = [(m, t) for m in library for t in GRAPH[m] if _is_app(t) or t in APP_SHARED]
     assert not upward, f"library modules importing apps: {upward}"
 
 
@@ -130,7 +133,7 @@ def test_the_trainer_files_keep_lines_under_110():
 # The floors of ARCHITECTURE.md, lowest first: a module imports its own room and rooms on lower floors only, so
 # nothing runs back up. A room is a package of captioning/ or a top-level module ("init": captioning/__init__.py).
 FLOORS = [
-    {"init", "base", "runtime", "cli"},  # declarations and process helpers: import no other room
+    {"init", "base", "runtime"},  # declarations and process helpers: import no other room
     {"data"},  # annotation files, captions, the vocabulary, images, the torch data sets
     {"models"},  # the network and its decoding
     {"features"},  # the feature cache: an encoder's grids stored on disk
@@ -140,7 +143,7 @@ FLOORS = [
     {"training"},  # the Trainer, objectives and losses, what makes a run exact and distributed
     {"factory"},  # the assembly: registry, builders, a run's parts
     {"config", "inference", "export"},  # the config checker, the Python API, the exported model
-    {"train", "evaluate", "tools"},  # the apps
+    {"cli", "train", "evaluate", "tools"},  # the apps and what they share
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 from tqdm import tqdm
 
+from captioning.base.messages import one_line, printable
 from captioning.checkpoint import check_checkpoint_file
-from captioning.cli import ArgumentParser, one_line, positive_int, printable, run_cli, writable_dir, writable_file
+from captioning.cli import ArgumentParser, positive_int, run_cli, writable_dir, writable_file
 from captioning.data.images import ImageError, load_image
 from captioning.inference.outputs import CaptionLog, file_sha256, write_results
 from captioning.inference.sources import ImageSource, assign_ids, collect_images, split_images

@@ -43,8 +43,9 @@ from urllib.parse import unquote, urlsplit
 from PIL import Image
 
 import captioning
+from captioning.base.messages import one_line
 from captioning.checkpoint import check_checkpoint_file
-from captioning.cli import ArgumentParser, one_line, positive_int, run_cli
+from captioning.cli import ArgumentParser, positive_int, run_cli
 from captioning.data.images import ImageError, load_image
 from captioning.inference.demo_page import MB, render_demo_page, result_payload, too_large_message
 from captioning.inference.demo_server import BoundedHandler, BoundedHTTPServer, ServerLimits
