@@ -369,7 +369,7 @@ def _tiny_run(shapes_json, *extra):
 
 
 def test_scst_run_from_a_cross_entropy_checkpoint(shapes_json, tmp_path, monkeypatch):
-    monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+    monkeypatch.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
     train(_tiny_run(shapes_json, "trainer.max_epochs=1"), tmp_path / "xe")
     best = tmp_path / "xe/checkpoints/best.pt"
     cfg = _tiny_run(shapes_json, "objective=scst", f"init_from={best}", "trainer.max_epochs=2", "objective.max_len=8",
