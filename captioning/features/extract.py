@@ -137,6 +137,50 @@ def _as_stored(fmap: torch.Tensor, images: list[ImageRecord]) -> np.ndarray:
                      "image and the encoder's weights, then rerun the extraction: it resumes at that batch")
 
 
+def _begin(out: Path, fp: dict[str, Any], encoder: Encoder, transform: Any, images: list[ImageRecord],
+           overwrite: bool) -> tuple[int, dict[str, Any], np.memmap | None, tuple[int, ...] | None]:
+    """Start a new cache or continue one: (first row to compute, meta.json's content, the grids written so far or
+    None, the row shape (L, D) when known before the first batch). Space for the rows still to compute is checked
+    before any file is written or image read."""
+    start = _start(out, fp, [r.image_id for r in images], overwrite)
+    # checked_finite: every row this code stores was checked finite (a resumed older cache keeps its meta.json)
+    meta: dict[str, Any] = check_meta(out, read_cache_json(out / "meta.json")) if start else {
+        "format": CACHE_FORMAT, "fingerprint": fp, "weights": weights_name(encoder), "dtype": "float16",
+        "grid": None, "num_images": len(images), "code_version": __version__, "checked_finite": True}
+    grids = None
+    if start and (out / "grids.npy").is_file():  # a new cache starts without one (_start removed it)
+        check_grids_file(out, meta, len(images))
+        grids = np.load(out / "grids.npy", mmap_mode="r+")
+    row_shape = tuple(grids.shape[1:]) if grids is not None else _row_shape(encoder, transform)  # (L, D)
+    if row_shape is not None:  # before any file is written or image read; only the rows still to compute
+        check_free_space(out, len(images) - start, row_shape)
+    if not start:
+        index = {"image_ids": [r.image_id for r in images], "paths": [str(r.path) for r in images]}
+        write_json_atomic(out / "index.json", index, indent=1)
+        write_json_atomic(out / "meta.json", meta, indent=1)
+    return start, meta, grids, row_shape
+
+
+def _store_batch(out: Path, fmap: torch.Tensor, rows: list[int], images: list[ImageRecord], grids: np.memmap | None,
+                 check_space: bool, start: int, meta: dict[str, Any]) -> np.memmap:
+    """Store a batch's encoded grids fmap (B, D, h, w) at their rows, flushed; the first batch of a new cache
+    creates grids.npy (after the free-space check when the row shape was unknown before, `check_space`) and
+    records the grid in meta.json. Returns the grids."""
+    a = _as_stored(fmap, [images[row] for row in rows])  # (B, L, D) float16
+    if grids is None:
+        if check_space:
+            check_free_space(out, len(images) - start, a.shape[1:])
+        meta["grid"] = list(fmap.shape[-2:])
+        write_json_atomic(out / "meta.json", meta, indent=1)
+        grids = _create_grids(out / "grids.npy", (len(images), *a.shape[1:]))
+    try:
+        grids[rows] = a
+        grids.flush()  # rows on disk before the progress marker says so
+    except OSError as err:
+        raise write_error(out / "grids.npy", err) from err
+    return grids
+
+
 @torch.no_grad()
 def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_cfg: Mapping[str, Any],
                      out_dir: str | os.PathLike, batch_size: int = 32, num_workers: int = 0,
@@ -160,24 +204,9 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
     if not images:
         raise ValueError("no images to extract features for")
     image_ids = [r.image_id for r in images]
-    fp = fingerprint(encoder, encoder_cfg)
-    start = _start(out, fp, image_ids, overwrite)
-    # checked_finite: every row this code stores was checked finite (a resumed older cache keeps its meta.json)
-    meta: dict[str, Any] = check_meta(out, read_cache_json(out / "meta.json")) if start else {
-        "format": CACHE_FORMAT, "fingerprint": fp, "weights": weights_name(encoder), "dtype": "float16",
-        "grid": None, "num_images": len(images), "code_version": __version__, "checked_finite": True}
-    grids = None
-    if start and (out / "grids.npy").is_file():  # a new cache starts without one (_start removed it)
-        check_grids_file(out, meta, len(images))
-        grids = np.load(out / "grids.npy", mmap_mode="r+")
     transform = encoder.transform()
-    row_shape = tuple(grids.shape[1:]) if grids is not None else _row_shape(encoder, transform)  # (L, D)
-    if row_shape is not None:  # before any file is written or image read; only the rows still to compute
-        check_free_space(out, len(images) - start, row_shape)
-    if not start:
-        index = {"image_ids": image_ids, "paths": [str(r.path) for r in images]}
-        write_json_atomic(out / "index.json", index, indent=1)
-        write_json_atomic(out / "meta.json", meta, indent=1)
+    start, meta, grids, row_shape = _begin(out, fingerprint(encoder, encoder_cfg), encoder, transform, images,
+                                           overwrite)
     failed = check_progress(out, read_cache_json(out / "progress.json"), image_ids)[1] if start else {}
     state: dict[str, Any] = {"rows_done": start, "failed": failed}
     device = next(encoder.parameters()).device
@@ -187,19 +216,8 @@ def extract_features(records: Sequence[ImageRecord], encoder: Encoder, encoder_c
                       total=(len(images) + batch_size - 1) // batch_size):
         ok = [(row, x) for row, x, _ in batch if x is not None]
         if ok:
-            fmap = encoder(torch.stack([x for _, x in ok]).to(device))  # (B, D, h, w)
-            a = _as_stored(fmap, [images[row] for row, _ in ok])  # (B, L, D) float16
-            if grids is None:
-                if row_shape is None:
-                    check_free_space(out, len(images) - start, a.shape[1:])
-                meta["grid"] = list(fmap.shape[-2:])
-                write_json_atomic(out / "meta.json", meta, indent=1)
-                grids = _create_grids(out / "grids.npy", (len(images), *a.shape[1:]))
-            try:
-                grids[[row for row, _ in ok]] = a
-                grids.flush()  # rows on disk before the progress marker says so
-            except OSError as err:
-                raise write_error(out / "grids.npy", err) from err
+            grids = _store_batch(out, encoder(torch.stack([x for _, x in ok]).to(device)), [row for row, _ in ok],
+                                 images, grids, row_shape is None, start, meta)
         state["failed"].update({str(image_ids[row]): err for row, x, err in batch if x is None})
         state["rows_done"] = batch[-1][0] + 1
         write_json_atomic(out / "progress.json", state, indent=1)
