@@ -12,12 +12,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "captioning"
 APPS = ("captioning.train", "captioning.evaluate", "captioning.tools")
 # What the apps share (one-line errors, exit status, option checks): on their side, so the library never imports it.
 APP_SHARED = ("captioning.cli",)
-# Rule tables (data, not logic) may be longer than the limit.
-RULE_TABLES = {"captioning.metrics.ptb_rules", "captioning.metrics.coco_words"}
-MAX_LINES = 350
+# Over the limit until the decoder family of issue 43 (part 1, models/ rewritten in another branch) is merged.
+BEING_REWRITTEN = {"captioning.models.fused"}
+MAX_LINES = 300
 MAX_TOP_LEVEL_MODULES = 9
 # The trainer's files, kept narrow since the second layout step: no line over MAX_WIDTH characters.
-NARROW = ("captioning.training.trainer", "captioning.training.parts", "captioning.factory.run")
+NARROW = ("captioning.training.trainer", "captioning.training.run_state", "captioning.training.validation",
+          "captioning.training.parts", "captioning.factory.run")
 MAX_WIDTH = 110
 
 
@@ -117,7 +118,7 @@ def test_the_walk_sees_real_imports():
 
 def test_files_stay_small_and_the_top_level_short():
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES
-            and m not in RULE_TABLES}
+            and m not in BEING_REWRITTEN}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
