@@ -13,7 +13,6 @@ from captioning.data.shapes import captions as shape_captions
 from captioning.data.shapes import generate
 from captioning.data.shapes.captions import COLOURS, RELATION_WORDS, SHAPES, SIZES
 from captioning.data.shapes.generate import COLOUR_RGB, build_shapes
-from captioning.tools import shapes as shapes_command
 
 SMALL = dict(num_train=20, num_val=5, num_test=5, image_size=96, captions_per_image=5, object_scale=1.0)
 COUNT_WORDS = {"two": 2, "three": 3}
@@ -262,14 +261,6 @@ def test_meta_records_parameters(built: tuple[Path, dict]) -> None:
     meta = json.loads((root / "meta.json").read_text())
     assert meta["version"] == generate.GENERATOR_VERSION
     assert meta["params"] == {"seed": 0, **SMALL}
-
-
-def test_cli(tmp_path: Path) -> None:
-    path = shapes_command.main(["--root", str(tmp_path), "--num-train", "3", "--num-val", "1", "--num-test", "1",
-                        "--image-size", "64", "--seed", "2"])
-    data = json.loads(path.read_text())
-    assert len(data["images"]) == 5 and data["images"][0]["width"] == 64
-    assert Image.open(tmp_path / "images" / "test_00000.png").size == (64, 64)
 
 
 def test_rejects_bad_parameters(tmp_path: Path) -> None:
