@@ -23,27 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
+from captioning.base.messages import one_line
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
-
-
-def printable(text: str) -> str:
-    """`text` with its control characters escaped (a newline as `\\n`, ESC as `\\x1b`...): a file name that holds
-    them cannot forge a line of output or a terminal escape sequence."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def one_line(err: BaseException | str) -> str:
-    """An error message on one line (a multi-line message, e.g. a ConfigError's list, joined with '; '), with any
-    other control character escaped (see printable)."""
-    text = str(err) if not isinstance(err, BaseException) or str(err) else type(err).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return printable("; ".join(lines).replace(":;", ":"))
 
 
 def fail(prog: str, message: BaseException | str, status: int = EXIT_ERROR) -> NoReturn:

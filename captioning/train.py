@@ -53,7 +53,7 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from captioning.factory.models import model_config
     from captioning.training import distributed
     from captioning.training.run_folder import claim_run_folder
-    from captioning.training.trainer import SAME_MODEL
+    from captioning.training.run_state import SAME_MODEL
 
     validate_train_config(cfg)  # a typo or bad value fails here, naming the key, before any work
     distributed.init_from_env()  # under torchrun: join the process group (a no-op in a plain process)
@@ -67,12 +67,11 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
 
 def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str, Any]:
-    from torch.utils.tensorboard import SummaryWriter
-
     from captioning.factory.run import build_trainer
     from captioning.runtime import set_seed
     from captioning.training import distributed
     from captioning.training.stop import StopRequest, TrainingDiverged, TrainingInterrupted
+    from captioning.training.tensorboard import open_writer
 
     set_seed(cfg.seed)  # the same initial weights on every rank (a random encoder then matches its feature cache)
     if not distributed.is_main():
@@ -89,7 +88,7 @@ def _train(cfg: DictConfig, out_dir: Path, resume_from: Path | None) -> dict[str
     elif trainer.objective.fine_tunes:
         logger.warning("this objective fine-tunes a trained model but starts from random weights here; give it a "
                        "cross-entropy run's checkpoint: init_from=<run>/checkpoints/best.pt")
-    with SummaryWriter(str(out_dir / "tensorboard")) if distributed.is_main() else distributed.NullWriter() as writer:
+    with open_writer(out_dir) as writer:
         with StopRequest() as trainer.stop:  # Ctrl-C / SIGTERM: a resumable checkpoint, then TrainingInterrupted
             try:
                 trainer.fit(writer)

@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner, model_config
 from captioning.runtime import CONF_DIR

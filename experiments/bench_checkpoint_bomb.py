@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 
 BOMB_HIDDEN = 10_000_000
 LIMIT = 16 << 30

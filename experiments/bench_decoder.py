@@ -32,19 +32,23 @@ import argparse
 import functools
 import inspect
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from captioning.losses import caption_loss
 from captioning.models.attention import SoftAttention
 from captioning.models.captioner import CompiledStep
 from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 from captioning.models.fused.additive import tanh_
+from captioning.training.losses import caption_loss
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/synthetic_text.py: the caption text
 
 SIZES = {"vgg": 512, "resnet": 2048}  # D
 V, L, M, CAPTIONS, STEPS = 10_000, 196, 512, 32, 20
@@ -117,7 +121,7 @@ def sizes(D: int) -> DecoderSizes:
 @functools.cache
 def corpus_lengths() -> list[int]:
     """Words per caption of 10,000 captions of the synthetic COCO-like text (its Karpathy file's tokens)."""
-    from captioning.data.synthetic_text import karpathy_file
+    from synthetic_text import karpathy_file
 
     return [len(s["tokens"]) for im in karpathy_file({"train": 2000})["images"] for s in im["sentences"]]
 
@@ -214,7 +218,8 @@ def bench_decoding(D: int, device: torch.device, dtype: torch.dtype, images: int
 
 def bench_evaluation(D: int, device: torch.device, images: int) -> dict[str, float]:
     """Seconds to decode `images` cached grids with beam 3 (batches of 50) and to score as many captions."""
-    from captioning.data.synthetic_text import realistic_corpus
+    from synthetic_text import realistic_corpus
+
     from captioning.metrics import score_captions
 
     dec = build(D, device).eval()

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 import captioning
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
+from captioning.training.losses import caption_loss
 
 
 def best_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:

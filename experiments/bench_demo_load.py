@@ -1,7 +1,7 @@
 """Benchmark: `captioning-demo` under load, its server in a child process on 127.0.0.1 (CPU).
 
 For each number of concurrent clients (--clients, default 1 4 16 64), the clients POST generated `shapes` images
-(captioning.data.shapes.render_image, 64 px PNGs) to /caption until --requests answers have come back (a new
+(captioning.data.shapes.generate.render_image, 64 px PNGs) to /caption until --requests answers have come back (a new
 connection per request: the server closes each after its answer), and the table gives requests per second, the
 50th/95th/99th percentile latency of the captions (ms, 200 answers only), the errors (non-200 answers by status,
 failed connections by exception) and the server's resident memory (MB, after the row, and its peak so far). Then
@@ -41,8 +41,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from captioning.checkpoint import save_checkpoint
-from captioning.data.karpathy import read_karpathy
-from captioning.data.shapes import build_shapes, render_image
+from captioning.data.readers.karpathy import read_karpathy
+from captioning.data.shapes.generate import build_shapes, render_image
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner, model_config
 from captioning.inference.demo_server import ServerLimits

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from captioning.data.dataset import item_lengths, training_view
 from captioning.factory.run import build_trainer
 from captioning.runtime import CONF_DIR, set_seed
-from captioning.training import distributed
+from captioning.training.tensorboard import NullWriter
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
         for r in range(args.rounds):
             for variant, trainer in trainers.items():
                 start = time.perf_counter()
-                losses, _ = trainer.train_epoch(distributed.NullWriter(), None)
+                losses, _ = trainer.train_epoch(NullWriter(), None)
                 trainer.epoch += 1
                 print(f"round {r + 1} [{variant}]: {time.perf_counter() - start:.2f} s, loss {losses['loss']:.4f}",
                       flush=True)

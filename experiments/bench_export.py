@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from captioning.data.images import load_image
-from captioning.data.karpathy import read_karpathy_splits
-from captioning.data.shapes import build_shapes
+from captioning.data.readers.karpathy import read_karpathy_splits
+from captioning.data.shapes.generate import build_shapes
 from captioning.export.exporter import export_checkpoint
 from captioning.export.runner import Runner
 from captioning.factory.checkpoints import load_model

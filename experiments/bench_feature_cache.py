@@ -20,11 +20,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from captioning.data.dataset import CaptionDataset, collate
-from captioning.data.features import extract_features
-from captioning.data.records import ImageRecord
+from captioning.data.readers.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
+from captioning.features.extract import extract_features
+from captioning.training.losses import caption_loss
 
 WORDS = "a man woman dog cat sits runs on the grass beach street with red blue ball".split()
 

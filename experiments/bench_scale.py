@@ -1,7 +1,7 @@
 """Benchmark: COCO-sized caption data, from the annotation file to a DataLoader pass, and feature cache rates.
 
 Generates (once, kept in --work) a Karpathy split file of COCO's size from the project's synthetic caption text
-(`captioning.data.synthetic_text.karpathy_file`: 123,287 images x 5 captions, 82,783 train + 30,504 restval /
+(`synthetic_text.karpathy_file`: 123,287 images x 5 captions, 82,783 train + 30,504 restval /
 5,000 val / 5,000 test, captions of 4-25 words, about 11 on average), then reports, each step in a fresh process:
 
   - read (dataset.prepared=null): the annotation file read into data sets as every run did before prepared captions;
@@ -30,6 +30,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/synthetic_text.py: the caption text
 
 COCO_IMAGES = 123_287
 GRIDS = {"vgg 14x14x512": (196, 512), "resnet 14x14x2048": (196, 2048), "resnet 7x7x2048": (49, 2048)}
@@ -101,7 +103,7 @@ def coco_file(work: Path) -> Path:
     """The COCO-sized Karpathy file, generated once."""
     path = work / "dataset_coco.json"
     if not path.is_file():
-        from captioning.data.synthetic_text import karpathy_file
+        from synthetic_text import karpathy_file
 
         start = time.perf_counter()
         data = karpathy_file()
@@ -149,8 +151,8 @@ def feature_cache_rates(rows: int) -> None:
     """Write rate (batches of 32 rows into the memory-mapped grid file, flushed) and random-row read rate."""
     import numpy as np
 
-    from captioning.data.disk import cache_bytes
-    from captioning.data.features import FeatureCache
+    from captioning.features.cache import FeatureCache
+    from captioning.features.disk import cache_bytes
 
     rng = np.random.default_rng(0)
     for name, (length, dim) in GRIDS.items():

@@ -19,7 +19,7 @@ Two comparisons:
 Times are CPU seconds (this process plus the child processes it waited for: the tokenizer JVMs and
 the fresh Python processes), which stay meaningful on a shared machine, and wall seconds.  The
 captions come from the deterministic generator the parity tests use,
-:func:`captioning.data.synthetic_text.realistic_corpus`.
+:func:`synthetic_text.realistic_corpus`.
 
     .venv/bin/python experiments/bench_scoring.py            # 5,000 images, best of 3
 """
@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/synthetic_text.py: the caption text
 
 
 @dataclass
@@ -223,7 +225,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     args = parser.parse_args()
 
-    from captioning.data.synthetic_text import realistic_corpus
+    from synthetic_text import realistic_corpus
+
     from captioning.metrics import java_ptb_tokenize, ptb_tokenize
 
     candidates, references = realistic_corpus(args.images, seed=args.seed, refs_per_image=args.refs)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from fixtures import TINY_MODEL, compose_tiny_train
 
-from captioning.data.shapes import build_shapes
+from captioning.data.shapes.generate import build_shapes
 from captioning.factory.models import build_captioner
 from captioning.models.captioner import Captioner
 from captioning.train import train

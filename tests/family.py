@@ -11,11 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from captioning.factory import registry
-from captioning.losses import MovingAverageBaseline, hard_attention_loss
 from captioning.models.attention_family import grid_positions
 from captioning.models.decoders.base import DecoderOutput
 from captioning.models.packing import prefix_lengths
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import MovingAverageBaseline, hard_attention_loss
 
 ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
 SMALL_ATTENTION = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "kernel_size": 3, "num_heads": 2,

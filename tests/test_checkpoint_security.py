@@ -25,13 +25,14 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from captioning.checkpoint import save_checkpoint
-from captioning.data.features import FeatureCache, extract_features
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.factory import registry
 from captioning.factory.checkpoints import UnsafeCheckpointError, load_model
 from captioning.factory.models import build_captioner
+from captioning.features.cache import FeatureCache
+from captioning.features.extract import extract_features
 from captioning.models import captioner
 from captioning.runtime import CONF_DIR
 from captioning.tools import caption

@@ -10,12 +10,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "captioning"
 # The apps: console entry points. Everything else in captioning/ is the library.
 APPS = ("captioning.train", "captioning.evaluate", "captioning.tools")
-# Rule tables (data, not logic) may be longer than the limit.
-RULE_TABLES = {"captioning.metrics.ptb_rules", "captioning.metrics.coco_words"}
-MAX_LINES = 350
+# What the apps share (one-line errors, exit status, option checks): on their side, so the library never imports it.
+APP_SHARED = ("captioning.cli",)
+MAX_LINES = 300
 MAX_TOP_LEVEL_MODULES = 9
 # The trainer's files, kept narrow since the second layout step: no line over MAX_WIDTH characters.
-NARROW = ("captioning.training.trainer", "captioning.training.parts", "captioning.factory.run")
+NARROW = ("captioning.training.trainer", "captioning.training.run_state", "captioning.training.validation",
+          "captioning.training.parts", "captioning.factory.run")
 MAX_WIDTH = 110
 
 
@@ -69,7 +70,8 @@ def _is_app(name: str) -> bool:
 
 
 def test_the_library_never_imports_an_app():
-    upward = [(m, t) for m, targets in GRAPH.items() if not _is_app(m) for t in targets if _is_app(t)]
+    library = [m for m in GRAPH if not _is_app(m) and m not in APP_SHARED]
+    upward = [(m, t) for m in library for t in GRAPH[m] if _is_app(t) or t in APP_SHARED]
     assert not upward, f"library modules importing apps: {upward}"
 
 
@@ -113,8 +115,7 @@ def test_the_walk_sees_real_imports():
 
 
 def test_files_stay_small_and_the_top_level_short():
-    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES
-            and m not in RULE_TABLES}
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
@@ -130,16 +131,17 @@ def test_the_trainer_files_keep_lines_under_110():
 # The floors of ARCHITECTURE.md, lowest first: a module imports its own room and rooms on lower floors only, so
 # nothing runs back up. A room is a package of captioning/ or a top-level module ("init": captioning/__init__.py).
 FLOORS = [
-    {"init", "base", "runtime", "cli", "losses"},  # declarations and process helpers: import no other room
+    {"init", "base", "runtime"},  # declarations and process helpers: import no other room
+    {"data"},  # annotation files, captions, the vocabulary, images, the torch data sets
     {"models"},  # the network and its decoding
-    {"data"},  # records, images, vocabulary, captions, the feature cache of an encoder
+    {"features"},  # the feature cache: an encoder's grids stored on disk
     {"metrics", "checkpoint"},  # scores; the checkpoint file format
     {"reporting"},  # figures and pages
     {"evaluation"},  # a split decoded, scored and written
-    {"training"},  # the Trainer, objectives, what makes a run exact and distributed
+    {"training"},  # the Trainer, objectives and losses, what makes a run exact and distributed
     {"factory"},  # the assembly: registry, builders, a run's parts
     {"config", "inference", "export"},  # the config checker, the Python API, the exported model
-    {"train", "evaluate", "tools"},  # the apps
+    {"cli", "train", "evaluate", "tools"},  # the apps and what they share
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 

@@ -20,10 +20,10 @@ from PIL import Image
 
 from captioning.base.files import NoFollowFileHandler, append_bytes, write_text_atomic
 from captioning.base.lock import LOCK_NAME, FolderInUseError, FolderLock
+from captioning.base.messages import one_line, printable
 from captioning.checkpoint import save_checkpoint
-from captioning.cli import one_line, printable
-from captioning.data.karpathy import read_karpathy
-from captioning.data.shapes import META_NAME, build_shapes
+from captioning.data.readers.karpathy import read_karpathy
+from captioning.data.shapes.generate import META_NAME, build_shapes
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.factory.checkpoints import UnsafeCheckpointError, load_model

@@ -17,17 +17,17 @@ import pytest
 import torch
 from fixtures import TINY_CHANNELS, TINY_MODEL, TINY_POOLS, compose_tiny_train, fail_writes
 from PIL import Image
+from synthetic_text import karpathy_file
 
 from captioning.base.lock import LOCK_NAME
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.dataset import CaptionDataset
-from captioning.data.features import extract_features
-from captioning.data.karpathy import read_karpathy
-from captioning.data.synthetic_text import karpathy_file
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.outputs import write_outputs
 from captioning.factory.datasets import load_table
 from captioning.factory.models import build_captioner
+from captioning.features.extract import extract_features
 from captioning.models.encoder import SmallCNN
 from captioning.reporting.figures import plot_attention
 from captioning.reporting.html import save_attention, write_report
@@ -154,7 +154,7 @@ def test_a_failed_prepared_set_leaves_no_set_nor_temporary_folder_and_the_next_r
                       "image_root": str(tmp_path / "images")}, "prepared": str(tmp_path / "prepared"),
            "min_word_freq": 1, "max_vocab": None}
     failed = fail_writes(monkeypatch, errno.ENOSPC, "write", "train.tokens.npy")
-    with caplog.at_level(logging.WARNING, "captioning.data.prepared"):
+    with caplog.at_level(logging.WARNING, "captioning.data.prepared.store"):
         in_memory = load_table(cfg)
     assert failed and in_memory is not None and len(in_memory.split("train")) == 20  # the run goes on in memory
     assert _message(failed[0], errno.ENOSPC) in caplog.text and failed[0].parent.name.startswith(".")

@@ -6,4 +6,7 @@
     moved.py        config keys that moved, mapped once (old command lines and checkpoints still work)
     files.py        the one file writer: atomic (temporary file, fsync, rename); a failed write loses nothing and
                     raises one line naming the file
+    jsonio.py       JSON read and written through it (standard library only: scoring never imports torch)
+    lock.py         one writer per output folder
+    messages.py     an error message on one line, control characters escaped
 """

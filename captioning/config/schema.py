@@ -59,7 +59,7 @@ class DatasetConfig(TypedDict):
     generate: Target | None  # a registered data set generator (e.g. build_shapes), run before reading
     reader: Target  # a registered reader, called with the splits to read
     features: str | None  # a feature cache folder (captioning-extract-features)
-    prepared: NotRequired[str | None]  # where prepared captions are kept (captioning/data/prepared.py); null: none
+    prepared: NotRequired[str | None]  # where prepared captions are kept (data/prepared/store.py); null: none
     min_word_freq: Positive
     max_vocab: Annotated[int | None, Range(ge=1)]
     max_caption_len: Positive

@@ -12,20 +12,30 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from captioning.data.captions import SplitView, caption_counts, caption_lengths
-from captioning.data.features import FeatureCache
 from captioning.data.images import ImageError, load_image
-from captioning.data.records import ImageRecord
+from captioning.data.prepared.arrays import SplitView, caption_counts, caption_lengths
+from captioning.data.readers.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
 BATCH_UNITS = ("images", "captions")  # dataset.batch_unit: what dataset.batch_size counts in training
+
+
+class CachedGrids(Protocol):
+    """What a data set reads cached annotation grids from: a feature cache (captioning/features/cache.py,
+    `FeatureCache`, which sits above the models whose encoder made it)."""
+
+    def __getitem__(self, image_id: int) -> torch.Tensor:
+        """The image's annotation grid a (L, D), float32."""
+
+    def require(self, records: Sequence[ImageRecord]) -> None:
+        """Refuse records whose images it does not hold."""
 
 
 class CaptionDataset(Dataset):
@@ -40,7 +50,7 @@ class CaptionDataset(Dataset):
     """
 
     def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, transform: Callable, max_len: int = 20,
-                 captions_per_image: int | None = None, features: FeatureCache | None = None,
+                 captions_per_image: int | None = None, features: CachedGrids | None = None,
                  cache_images: bool = False):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")

@@ -63,7 +63,7 @@ class Vocabulary:
     @classmethod
     def from_counts(cls, counts: Mapping[str, int], min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
         """Build from training word counts (what `build` counts): words seen >= min_freq times, the most frequent
-        max_size; prepared captions (captioning/data/prepared.py) store the counts and call this."""
+        max_size; prepared captions (captioning/data/prepared/store.py) store the counts and call this."""
         if min_freq < 1:
             raise ValueError(f"min_freq must be >= 1, got {min_freq}")
         # Sort by (-count, word) so the vocabulary does not depend on caption order.

@@ -10,9 +10,9 @@ from typing import Any
 
 from PIL import Image
 
+from captioning.base.jsonio import write_json_atomic
 from captioning.data.dataset import CaptionDataset
 from captioning.data.images import ImageError, load_image
-from captioning.data.jsonio import write_json_atomic
 from captioning.reporting.figures import chosen_regions, plot_attention
 from captioning.reporting.html import write_prediction_report
 from captioning.reporting.items import Prediction

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from captioning.base.constraints import MAX_IMAGE_SIDE
-from captioning.data.jsonio import load_json, write_json_atomic
+from captioning.base.jsonio import load_json, write_json_atomic
 
 FORMAT = "captioning-export/v1"
 MANIFEST = "captioning.json"

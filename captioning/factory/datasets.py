@@ -14,13 +14,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.data.captions import CaptionTable, caption_counts
 from captioning.data.dataset import CaptionDataset
-from captioning.data.features import FeatureCache
-from captioning.data.prepared import open_or_prepare
-from captioning.data.records import SPLITS, ImageRecord, collector_paused
+from captioning.data.prepared.arrays import CaptionTable, caption_counts
+from captioning.data.prepared.store import open_or_prepare
+from captioning.data.readers.records import SPLITS, ImageRecord, collector_paused
 from captioning.data.vocab import Vocabulary
 from captioning.factory import registry
+from captioning.features.cache import FeatureCache
 
 logger = logging.getLogger(__name__)
 LEGACY_FORMATS = ("karpathy", "coco")  # `dataset.format` of a dataset section written before dataset.reader
@@ -83,7 +83,7 @@ def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[s
 def load_table(dataset_cfg: DictConfig | Mapping[str, Any], write: bool = True,
                within: Path | None = None) -> CaptionTable | None:
     """Every split's captions from the prepared set under `dataset.prepared` (built first if none fits: see
-    captioning/data/prepared.py), or None when dataset.prepared is not set. `write=False` never writes a set (a
+    captioning/data/prepared/store.py), or None when dataset.prepared is not set. `write=False` never writes a set (a
     dataset section taken from a checkpoint: only one that already exists is opened; `within`: see load_records)."""
     cfg = _plain(dataset_cfg)
     if not cfg.get("prepared"):

@@ -29,10 +29,10 @@ from torch import nn
 
 from captioning.base.constraints import matches as _matches  # noqa: F401 (the type check, tests/models/test_model.py)
 from captioning.base.signature import argument_problems, parameters
-from captioning.data.coco_captions import read_coco_captions
-from captioning.data.karpathy import read_karpathy_splits
-from captioning.data.shapes import build_shapes
-from captioning.data.table import read_table
+from captioning.data.readers.coco_captions import read_coco_captions
+from captioning.data.readers.karpathy import read_karpathy_splits
+from captioning.data.readers.table import read_table
+from captioning.data.shapes.generate import build_shapes
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.attention_family import (
     ConcatAttention,

@@ -11,11 +11,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.data.features import open_features
 from captioning.evaluation.split import EvalSettings, load_instances
 from captioning.factory import registry
 from captioning.factory.datasets import build_datasets
 from captioning.factory.models import build_captioner, build_encoder, model_config
+from captioning.features.cache import open_features
 from captioning.models.captioner import compile_decoding, select_attention_map
 from captioning.runtime import resolve_device
 from captioning.training import distributed, precision

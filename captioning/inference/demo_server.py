@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import TYPE_CHECKING, Any
 
-from captioning.cli import one_line
+from captioning.base.messages import one_line
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer

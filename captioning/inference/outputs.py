@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from captioning.base.files import append_bytes, write_bytes_atomic
-from captioning.data.jsonio import load_json, write_json_atomic
+from captioning.base.jsonio import load_json, write_json_atomic
 
 SETTINGS_SUFFIX = ".settings.json"
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from captioning.data.jsonio import is_id, load_json
-from captioning.data.references import load_annotations
+from captioning.base.jsonio import is_id, load_json
+from captioning.data.readers.references import load_annotations
 
 IMAGE_PATTERNS = ("*.jpg", "*.jpeg", "*.png", "*.bmp", "*.gif", "*.webp", "*.tif", "*.tiff")
 _TRAILING_DIGITS = re.compile(r"(\d+)$")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "CaptionScores": "coco",
     "score_captions": "coco",
-    "java_ptb_tokenize": "coco",
+    "java_ptb_tokenize": "java",
     "VALID_METRICS": "coco",
     "TOKENIZERS": "coco",
     "CiderD": "cider",
@@ -45,10 +45,11 @@ __all__ = list(_EXPORTS)
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily below
     from captioning.metrics.attention import attention_correctness, attention_mass_in_boxes, box_coverage
     from captioning.metrics.cider import CiderD
-    from captioning.metrics.coco import TOKENIZERS, VALID_METRICS, CaptionScores, java_ptb_tokenize, score_captions
+    from captioning.metrics.coco import TOKENIZERS, VALID_METRICS, CaptionScores, score_captions
     from captioning.metrics.coco_attention import CocoInstances, category_mentions, coco_attention_correctness
     from captioning.metrics.diversity import caption_diversity
     from captioning.metrics.fast_scores import bleu, rouge_l
+    from captioning.metrics.java import java_ptb_tokenize
     from captioning.metrics.tokenizer import PUNCTUATIONS, ptb_tokenize
 
 

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from captioning.data.coco_captions import coco_index
-from captioning.data.jsonio import load_json
+from captioning.base.jsonio import load_json
+from captioning.data.readers.coco_captions import coco_index
 from captioning.metrics.coco_words import CATEGORY_WORDS, COCO_CATEGORY_IDS
 
 __all__ = ["WORD_CATEGORIES", "category_mentions", "View", "ViewGeometry", "full_image", "resize_center_crop",

@@ -146,7 +146,7 @@ class HardAttention(SoftAttention):
 
     In training, each minibatch (see `begin_batch`) uses the expected context (the soft step) with probability
     `expected_context_prob`, else samples one region per step and reports log p(s_t | a) and H(alpha_t) for
-    the REINFORCE terms in `captioning.losses`. At test time `test_mode` picks the context: the expectation
+    the REINFORCE terms in `captioning.training.losses`. At test time `test_mode` picks the context: the expectation
     (deterministic, the default), the argmax region, or a sampled region.
     """
 

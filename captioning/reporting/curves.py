@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from captioning.base.files import atomic_file
-from captioning.data.jsonio import load_json
+from captioning.base.jsonio import load_json
 
 if TYPE_CHECKING:  # matplotlib is imported where the curves are drawn
     from matplotlib.figure import Figure

@@ -122,6 +122,17 @@ def _display_image(image: Image.Image) -> Image.Image:
     return img
 
 
+def _checked_regions(regions: Sequence[int], num_words: int, h: int, w: int) -> list[int]:
+    """Hard attention's chosen cell per word, refused unless there is one per word inside the h x w grid."""
+    cells = [int(r) for r in regions]
+    if len(cells) != num_words:
+        raise ValueError(f"got {num_words} words but {len(cells)} regions")
+    bad = [r for r in cells if not 0 <= r < h * w]
+    if bad:
+        raise ValueError(f"regions {bad} outside the {h}x{w} grid")
+    return cells
+
+
 def attention_figure(
     image: Image.Image,
     words: Sequence[str],
@@ -141,12 +152,7 @@ def attention_figure(
     maps = _as_maps(alphas, len(words))
     _, h, w = maps.shape
     if regions is not None:
-        regions = [int(r) for r in regions]
-        if len(regions) != len(words):
-            raise ValueError(f"got {len(words)} words but {len(regions)} regions")
-        bad = [r for r in regions if not 0 <= r < h * w]
-        if bad:
-            raise ValueError(f"regions {bad} outside the {h}x{w} grid")
+        regions = _checked_regions(regions, len(words), h, w)
     if ncols < 1:
         raise ValueError(f"ncols must be >= 1, got {ncols}")
 

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from captioning.base.files import atomic_file, write_text_atomic
-from captioning.cli import one_line
+from captioning.base.messages import one_line
 from captioning.data.images import ImageError, load_image
 from captioning.reporting.curves import CURVES_NAME
 from captioning.reporting.figures import chosen_regions

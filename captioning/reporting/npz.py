@@ -22,7 +22,7 @@ from typing import BinaryIO
 import numpy as np
 from numpy.lib import format as npy_format
 
-from captioning.cli import one_line
+from captioning.base.messages import one_line
 
 # The most memory one file's arrays may ask for: the sum over its members of prod(shape) * max(itemsize, 8), that is
 # their size once read and widened to float64 (as the report holds its maps). 2 GiB is generous: the maps of COCO's

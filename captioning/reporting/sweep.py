@@ -22,7 +22,7 @@ from typing import Any, cast
 import yaml
 
 from captioning.base.files import atomic_file
-from captioning.cli import one_line
+from captioning.base.messages import one_line
 from captioning.reporting.figures import PLAIN_TEXT
 from captioning.reporting.numbers import format_metric
 

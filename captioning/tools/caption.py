@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 from tqdm import tqdm
 
+from captioning.base.messages import one_line, printable
 from captioning.checkpoint import check_checkpoint_file
-from captioning.cli import ArgumentParser, one_line, positive_int, printable, run_cli, writable_dir, writable_file
+from captioning.cli import ArgumentParser, positive_int, run_cli, writable_dir, writable_file
 from captioning.data.images import ImageError, load_image
 from captioning.inference.outputs import CaptionLog, file_sha256, write_results
 from captioning.inference.sources import ImageSource, assign_ids, collect_images, split_images
@@ -117,13 +118,7 @@ def _sources(args: argparse.Namespace) -> list[ImageSource]:
 
 def caption_run(args: argparse.Namespace) -> int:
     """Caption every image the arguments name and write the outputs asked for; returns the number skipped."""
-    if args.resume and not args.jsonl:
-        raise ValueError("--resume continues a run from its --jsonl log: give --jsonl FILE")
-    for path in (args.results, args.jsonl):
-        if path:
-            writable_file(path)
-    if args.figures:
-        writable_dir(args.figures)
+    _check_outputs(args)
     sources = _sources(args)  # every path checked before the model is loaded
     check_checkpoint_file(args.checkpoint)  # a missing or foreign file is refused before torch is imported
     from captioning.inference.model import load
@@ -171,6 +166,27 @@ def caption_run(args: argparse.Namespace) -> int:
         said.append(f"{len(earlier)} more from the earlier run")
     if skipped:
         said.append(f"skipped {skipped} that could not be read or captioned")
+    said += _write_outputs(args, sources, rows, log, figures)
+    print(f"{PROG}: " + "; ".join(said), file=sys.stderr)
+    return skipped
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, outputs that cannot be written and --resume without the log it continues."""
+    if args.resume and not args.jsonl:
+        raise ValueError("--resume continues a run from its --jsonl log: give --jsonl FILE")
+    for path in (args.results, args.jsonl):
+        if path:
+            writable_file(path)
+    if args.figures:
+        writable_dir(args.figures)
+
+
+def _write_outputs(args: argparse.Namespace, sources: list[ImageSource], rows: list[dict[str, Any]],
+                   log: CaptionLog | None, figures: int) -> list[str]:
+    """Write the COCO results file (every image captioned, by this run or the one it continues); what the run
+    wrote, said in parts of the summary line."""
+    said = []
     if args.results:
         kept = [log.done[s.key] for s in sources if s.key in log.done] if log else rows
         said.append(f"results: {args.results} ({write_results(args.results, kept)} images)")
@@ -178,8 +194,7 @@ def caption_run(args: argparse.Namespace) -> int:
         said.append(f"log: {log.path}")
     if args.figures:
         said.append(f"{count(figures, 'figure')} in {args.figures}")
-    print(f"{PROG}: " + "; ".join(said), file=sys.stderr)
-    return skipped
+    return said
 
 
 def _count(text: str) -> int:

@@ -25,7 +25,7 @@ from captioning.config.overrides import check_overrides
 from captioning.runtime import CONF_DIR
 
 if TYPE_CHECKING:
-    from captioning.data.features import FeatureCache
+    from captioning.features.cache import FeatureCache
 
 logger = logging.getLogger(__name__)
 PROG = "captioning-extract-features"
@@ -33,9 +33,10 @@ PROG = "captioning-extract-features"
 
 def extract(cfg: DictConfig) -> FeatureCache:
     """Build the encoder as training would (same seed), read the splits' images and write the cache."""
-    from captioning.data.features import check_frozen, extract_features
     from captioning.factory.datasets import load_records
     from captioning.factory.models import build_encoder
+    from captioning.features.extract import extract_features
+    from captioning.features.fingerprint import check_frozen
     from captioning.runtime import resolve_device, set_seed
 
     if not cfg.dataset.get("features"):

@@ -25,8 +25,8 @@ from PIL import Image
 
 from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, run_cli, writable_file
-from captioning.data.records import ImageRecord
-from captioning.data.references import load_results, read_annotations
+from captioning.data.readers.records import ImageRecord
+from captioning.data.readers.references import load_results, read_annotations
 from captioning.metrics import attention_correctness, score_captions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.html import (

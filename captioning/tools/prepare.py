@@ -5,7 +5,7 @@
         dataset.image_root=photos --to-karpathy photos/dataset_photos.json
 
 The first reads, checks and tokenises the annotation files once and stores the captions under dataset.prepared
-(captioning/data/prepared.py), where every later run with the same settings opens them in a moment: prepare on a
+(captioning/data/prepared/store.py), where every later run with the same settings opens them in a moment: prepare on a
 cluster's login node, then launch the sweep. The second writes the data set's splits as a Karpathy file, which
 captioning-score, captioning-html and the karpathy reader take. Overrides are captioning-train's dataset settings.
 """
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from captioning.cli import ArgumentParser, run_cli, writable_dir, writable_file
 from captioning.config.overrides import check_overrides
-from captioning.data.records import SPLITS
+from captioning.data.readers.records import SPLITS
 from captioning.runtime import CONF_DIR
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def prepare(dataset_cfg: DictConfig) -> dict[str, Any]:
 
 def to_karpathy(dataset_cfg: DictConfig, out: Path) -> dict[str, Any]:
     """Write every split of a data set as a Karpathy split file at `out`; returns what it holds."""
-    from captioning.data.convert import write_karpathy
+    from captioning.data.readers.convert import write_karpathy
     from captioning.factory.datasets import load_records
 
     writable_file(out)

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from captioning.base.files import write_text_atomic
-from captioning.cli import ArgumentParser, printable, run_cli, writable_file
+from captioning.base.messages import printable
+from captioning.cli import ArgumentParser, run_cli, writable_file
 from captioning.reporting.sweep import (
     DEFAULT_METRICS,
     Run,

@@ -1,7 +1,7 @@
 """Score a COCO results file like the official evaluation server: `captioning-score --annotations A --results R`.
 
 The references are a COCO caption file or a Karpathy split file (`--split`, default test), told apart by their
-content; the rules each file must follow are in captioning/data/references.py, checked before any scoring, each
+content; the rules each file must follow are in captioning/data/readers/references.py, checked before any scoring, each
 failure a clear error naming the file. Only the images in the results are scored (coco-caption's
 `imgIds = res.getImgIds()`).
 
@@ -22,7 +22,7 @@ from captioning.base.files import write_text_atomic
 from captioning.cli import ArgumentParser, run_cli, writable_file
 
 # Text-only imports: references and metrics.coco need neither torch nor pycocotools (tests/tools/test_score_imports.py).
-from captioning.data.references import load_references, load_results
+from captioning.data.readers.references import load_references, load_results
 from captioning.metrics.coco import score_captions
 
 logger = logging.getLogger(__name__)

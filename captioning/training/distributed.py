@@ -14,7 +14,6 @@ through NCCL, and the small Python objects exchanged here (scores, predictions) 
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 from collections.abc import Iterator
@@ -28,12 +27,6 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
-
-from captioning.data.dataset import CaptionDataset
-from captioning.evaluation.split import decode_split as decode_whole
-from captioning.losses import MovingAverageBaseline
-from captioning.models.captioner import Captioner
-from captioning.reporting.items import Prediction
 
 T = TypeVar("T")
 
@@ -204,61 +197,6 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item() > 0)
 
 
-def shard(dataset: T) -> T:
-    """This rank's 1/N of a caption data set: images rank, rank + N, rank + 2N, ... (for sharded decoding).
-
-    Works on any data set that keeps per-image lists in `records` and `encoded` (CaptionDataset); image j of
-    the shard is image rank + N * j of the whole.
-    """
-    if not initialized():
-        return dataset
-    part = copy.copy(dataset)
-    part.records = dataset.records[rank()::world_size()]  # type: ignore[attr-defined]
-    part.encoded = dataset.encoded[rank()::world_size()]  # type: ignore[attr-defined]
-    return part
-
-
-def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,
-                 batch_size: int, progress: bool) -> list[Prediction] | None:
-    """evaluation's decode_split, sharded: each rank decodes its 1/N of the split and rank 0 receives every
-    prediction in data set order, exactly those of a single-process decode; the other ranks get None."""
-    if not initialized():
-        return decode_whole(model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
-    preds = decode_whole(model, shard(dataset), beam_size, max_len, length_penalty, batch_size, progress)
-    for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
-        p.index, p.alphas = rank() + world_size() * p.index, p.alphas.cpu()
-    parts = gather_objects(preds)
-    return sorted((p for part in parts for p in part), key=lambda p: p.index) if parts is not None else None
-
-
-class GlobalMeanBaseline(MovingAverageBaseline):
-    """The REINFORCE moving-average baseline kept identical on every rank.
-
-    `update` (called inside the loss) only records this rank's rewards; `sync`, which every rank calls
-    after every step, sums rewards and counts over the ranks and folds the mean reward of the global batch,
-    so every rank holds the same b, the one a single process would hold for the global batch. Ranks whose
-    hard attention used the expected context in a step contribute no rewards to it.
-    """
-
-    def __init__(self, decay: float = 0.9):
-        super().__init__(decay)
-        self._sum, self._count = 0.0, 0
-
-    def update(self, rewards: torch.Tensor) -> None:
-        """Record this rank's rewards (N,) until the next `sync`."""
-        self._sum += float(rewards.detach().double().sum())
-        self._count += rewards.numel()
-
-    def sync(self) -> None:
-        """Fold the mean reward over all ranks' recorded rewards (a collective: every rank must call it)."""
-        totals = torch.tensor([self._sum, float(self._count)], dtype=torch.float64)
-        if initialized():
-            dist.all_reduce(totals)
-        self._sum, self._count = 0.0, 0
-        if totals[1] > 0:
-            super().update((totals[0] / totals[1]).reshape(1))
-
-
 def pooled_means(sums: dict[str, float], count: int) -> dict[str, float]:
     """Every rank's `sums` added up and divided by the ranks' total `count`: means over all ranks' steps
     (a collective; in one process simply sums / count). With equal per-rank batches the pooled loss is the
@@ -267,16 +205,3 @@ def pooled_means(sums: dict[str, float], count: int) -> dict[str, float]:
     total = sum(c for _, c in parts)
     keys = dict.fromkeys(k for s, _ in parts for k in s)
     return {k: sum(s.get(k, 0.0) for s, _ in parts) / max(total, 1) for k in keys}
-
-
-class NullWriter:
-    """Stands in for the TensorBoard writer on ranks other than 0, which write no files: every call does nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-    def __enter__(self) -> NullWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -28,7 +28,9 @@ from torch import nn
 
 from captioning.base.constraints import Range, Size, Weight, constrained
 from captioning.data.vocab import Vocabulary
-from captioning.losses import (
+from captioning.models.packing import prefix_lengths
+from captioning.training import precision, randomness
+from captioning.training.losses import (
     AttentionReduction,
     LossTerms,
     MovingAverageBaseline,
@@ -39,8 +41,6 @@ from captioning.losses import (
     leave_one_out_baseline,
     reinforce_loss,
 )
-from captioning.models.packing import prefix_lengths
-from captioning.training import precision, randomness
 from captioning.training.scst.rewards import CaptionReward
 from captioning.training.scst.sampling import CaptionSampler, Samples
 
@@ -67,7 +67,7 @@ class CrossEntropy:
     """objective=xe: maximum likelihood of the reference captions (teacher forcing), as the paper trains.
 
     attention_weight: lambda of the doubly stochastic term sum_i (1 - sum_t alpha_ti)^2, reduced as
-    `attention_reduction` says (captioning/losses.py); with attention that samples regions (attention=hard) the
+    `attention_reduction` says (captioning/training/losses.py); with attention that samples regions (attention=hard) the
     REINFORCE terms of the paper's lower bound: `reward_weight` (lambda_r), `entropy_weight` (lambda_e), the
     moving-average baseline's `baseline_decay`, `num_samples` attention paths per caption, the `reward` and the
     `reduction` over captions, `doubly_stochastic` (false: lambda's term does not train such attention) and

@@ -20,7 +20,7 @@ from captioning.base.files import (
     write_error,
     write_text_atomic,
 )
-from captioning.data.jsonio import write_json_atomic
+from captioning.base.jsonio import write_json_atomic
 
 OLD = b"the previous version\n"
 FAULTS = [(at, code) for at in ("create", "write", "fsync", "replace") for code in (errno.ENOSPC, errno.EIO)]

@@ -12,13 +12,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from captioning.data.dataset import Batch, CaptionDataset, CaptionPairs, collate, collate_pairs, training_view
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.factory import registry
-from captioning.losses import MovingAverageBaseline
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoders.base import DecoderOutput
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import MovingAverageBaseline
 from captioning.training.trainer import Trainer
 
 CONF = CONF_DIR

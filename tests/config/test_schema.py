@@ -20,7 +20,7 @@ from captioning import evaluate, train
 from captioning.base.constraints import Range, constrained
 from captioning.config import schema, targets
 from captioning.config.schema import ConfigError, validate_evaluate_config, validate_train_config
-from captioning.data.shapes import build_shapes
+from captioning.data.shapes.generate import build_shapes
 from captioning.factory import registry
 from captioning.metrics import VALID_METRICS
 from captioning.models.attention import HardAttention, SoftAttention

@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from captioning.data import karpathy
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.images import DEFAULT_MAX_PIXELS, ImageError, load_image, to_rgb
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers import karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.models.encoder import ResNetEncoder, SmallCNN
 
@@ -198,8 +198,8 @@ def test_bad_karpathy_files_name_file_entry_and_field(tmp_path, images, message)
     (b"", r"bad.json is not valid JSON \(line 1, column 1"),
 ])
 def test_undecodable_files_are_named(tmp_path, content, message):
-    from captioning.data.coco_captions import read_coco_captions
-    from captioning.data.references import load_references
+    from captioning.data.readers.coco_captions import read_coco_captions
+    from captioning.data.readers.references import load_references
 
     (tmp_path / "bad.json").write_bytes(content)
     for read in (lambda p: read_karpathy(p, "train"), load_references,
@@ -235,7 +235,7 @@ def _coco_files(tmp_path, images, annotations, val=None):
 
 
 def test_malformed_coco_caption_files_name_the_file_and_entry(tmp_path):
-    from captioning.data.coco_captions import read_coco_captions
+    from captioning.data.readers.coco_captions import read_coco_captions
 
     img = {"id": 1, "file_name": "a.jpg"}
     ann = {"id": 10, "image_id": 1, "caption": "A dog runs."}
@@ -274,7 +274,7 @@ def test_malformed_coco_caption_files_name_the_file_and_entry(tmp_path):
 
 
 def test_coco_empty_captions_are_skipped_and_counted(tmp_path, caplog):
-    from captioning.data.coco_captions import read_coco_captions
+    from captioning.data.readers.coco_captions import read_coco_captions
 
     images = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}, {"id": 3, "file_name": "c.jpg"}]
     anns = [{"id": 1, "image_id": 1, "caption": "A dog."}, {"id": 2, "image_id": 1, "caption": "  "},
@@ -286,7 +286,7 @@ def test_coco_empty_captions_are_skipped_and_counted(tmp_path, caplog):
 
 
 def test_the_reader_is_checked_and_an_old_dataset_format_still_reads(shapes_json, tmp_path):
-    from captioning.data.karpathy import read_karpathy
+    from captioning.data.readers.karpathy import read_karpathy
     from captioning.factory.datasets import load_records
     from captioning.factory.registry import ModelSpecError
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from captioning.data import paths
-from captioning.data.coco_captions import read_coco_captions
-from captioning.data.karpathy import read_karpathy, read_karpathy_splits
-from captioning.data.references import read_annotations
-from captioning.data.table import read_table
+from captioning.data.readers import paths
+from captioning.data.readers.coco_captions import read_coco_captions
+from captioning.data.readers.karpathy import read_karpathy, read_karpathy_splits
+from captioning.data.readers.references import read_annotations
+from captioning.data.readers.table import read_table
 from captioning.tools.html import main as html_main
 
 SECRET = (13, 200, 77)  # the colour of the image outside the root

@@ -19,7 +19,7 @@ import pytest
 from fixtures import tiny_overrides
 
 from captioning.base.lock import FolderInUseError, FolderLock
-from captioning.data.shapes import build_shapes
+from captioning.data.shapes.generate import build_shapes
 
 SHAPES = {"seed": 3, "num_train": 120, "num_val": 12, "num_test": 12, "image_size": 32, "object_scale": 1.0}
 PROCESSES = 4
@@ -31,7 +31,7 @@ CHILD = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     job, go, root, overrides = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
     if job == "shapes":
-        from captioning.data.shapes import build_shapes
+        from captioning.data.shapes.generate import build_shapes
         import json
         run = lambda: build_shapes(root, **json.loads(overrides[0]))
     else:

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from synthetic_text import karpathy_file
 
 from captioning.base.lock import LOCK_NAME
-from captioning.data import prepared
-from captioning.data.captions import SplitView, caption_counts, caption_lengths
 from captioning.data.dataset import CaptionDataset
-from captioning.data.karpathy import read_karpathy_splits
-from captioning.data.synthetic_text import karpathy_file
+from captioning.data.prepared import store as prepared
+from captioning.data.prepared.arrays import SplitView, caption_counts, caption_lengths
+from captioning.data.readers.karpathy import read_karpathy_splits
 from captioning.data.vocab import Vocabulary
 from captioning.factory.datasets import build_datasets, load_table
 
@@ -112,9 +112,9 @@ def test_a_matching_set_is_reused_without_reading_the_annotations(tmp_path, monk
     path = _karpathy(tmp_path)
     cfg = _cfg(path, tmp_path / "prepared")
     first = load_table(cfg)
-    monkeypatch.setattr("captioning.data.karpathy.read_entries", lambda *a, **k: pytest.fail("read the file again"))
+    monkeypatch.setattr("captioning.data.readers.karpathy.read_entries", lambda *a, **k: pytest.fail("read the file again"))
     os.utime(path, ns=(1, 1))  # a new mtime alone: the file is hashed again and found unchanged
-    with caplog.at_level(logging.INFO, "captioning.data.prepared"):
+    with caplog.at_level(logging.INFO, "captioning.data.prepared.store"):
         again = load_table({**cfg, "min_word_freq": 5})  # applied on open: not part of the content
     assert "opened" in caplog.text and "building" not in caplog.text
     assert again.words == first.words and len(list(_sets(tmp_path))) == 1
@@ -142,7 +142,7 @@ def test_each_setting_that_decides_the_content_rebuilds_it_and_says_why(change, 
     else:
         monkeypatch.setattr(prepared, "FORMAT", "captioning-prepared/v0")
         why = "format"
-    with caplog.at_level(logging.INFO, "captioning.data.prepared"):
+    with caplog.at_level(logging.INFO, "captioning.data.prepared.store"):
         after = load_table(cfg)
     assert "building" in caplog.text and why in caplog.text, caplog.text
     for s in SPLITS:
@@ -178,14 +178,14 @@ def test_a_damaged_set_is_rebuilt(damage, tmp_path, caplog):
         manifest = json.loads((folder / "manifest.json").read_text())
         manifest["content"]["reader"]["image_root"] = "/elsewhere"
         (folder / "manifest.json").write_text(json.dumps(manifest))
-    with caplog.at_level(logging.INFO, "captioning.data.prepared"):
+    with caplog.at_level(logging.INFO, "captioning.data.prepared.store"):
         table = load_table(cfg)
     assert "damaged" in caplog.text and "built" in caplog.text
     expected = read_karpathy_splits(SPLITS, path, path.parent / "images")
     for s in SPLITS:
         _same_records(table.split(s), expected[s])
     caplog.clear()
-    with caplog.at_level(logging.INFO, "captioning.data.prepared"):
+    with caplog.at_level(logging.INFO, "captioning.data.prepared.store"):
         load_table(cfg)
     assert "opened" in caplog.text
 
@@ -198,7 +198,7 @@ def test_a_half_written_set_is_never_used(tmp_path, monkeypatch):
         np.save(folder / "words.npy", np.zeros(3))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("captioning.data.captions.CaptionTable.save", killed)
+    monkeypatch.setattr("captioning.data.prepared.arrays.CaptionTable.save", killed)
     with pytest.raises(KeyboardInterrupt):
         load_table(cfg)
     monkeypatch.undo()
@@ -210,7 +210,7 @@ def test_a_half_written_set_is_never_used(tmp_path, monkeypatch):
 def test_an_unwritable_folder_keeps_the_captions_in_memory_with_a_warning(tmp_path, monkeypatch, caplog):
     path = _karpathy(tmp_path)
     monkeypatch.setattr(prepared, "_write", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
-    with caplog.at_level(logging.WARNING, "captioning.data.prepared"):
+    with caplog.at_level(logging.WARNING, "captioning.data.prepared.store"):
         table = load_table(_cfg(path, tmp_path / "prepared"))
     assert "could not be written" in caplog.text and "No space left" in caplog.text
     _same_records(table.split("val"), read_karpathy_splits(["val"], path, path.parent / "images")["val"])
@@ -247,7 +247,7 @@ def test_a_set_without_its_manifest_is_replaced_and_one_finished_meanwhile_is_ke
     (folder,) = [p for p in _sets(tmp_path)]
     manifest = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").unlink()  # e.g. removed by hand: the arrays alone are never trusted
-    with caplog.at_level(logging.INFO, "captioning.data.prepared"):
+    with caplog.at_level(logging.INFO, "captioning.data.prepared.store"):
         table = load_table(cfg)
     assert "building" in caplog.text and "built" in caplog.text and (folder / "manifest.json").is_file()
     _same_records(table.split("val"), read_karpathy_splits(["val"], path, path.parent / "images")["val"])

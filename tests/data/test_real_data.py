@@ -18,17 +18,17 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from captioning.base.lock import LOCK_NAME, FolderLock
-from captioning.data.coco_captions import read_coco_captions
 from captioning.data.dataset import CaptionDataset, collate
-from captioning.data.features import FeatureCache
 from captioning.data.images import load_image
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.coco_captions import read_coco_captions
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.evaluation.split import decode_split
 from captioning.factory.checkpoints import load_model
 from captioning.factory.datasets import load_records
 from captioning.factory.models import build_captioner, build_encoder, model_config
+from captioning.features.cache import FeatureCache
 from captioning.models.encoder import ResNetEncoder
 from captioning.runtime import CONF_DIR, set_seed
 from captioning.tools.extract_features import extract

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioning.data import shapes
-from captioning.data.shapes import COLOUR_RGB, COLOURS, RELATION_WORDS, SHAPES, SIZES, build_shapes
+from captioning.data.shapes import captions as shape_captions
+from captioning.data.shapes import generate
+from captioning.data.shapes.captions import COLOURS, RELATION_WORDS, SHAPES, SIZES
+from captioning.data.shapes.generate import COLOUR_RGB, build_shapes
 
 SMALL = dict(num_train=20, num_val=5, num_test=5, image_size=96, captions_per_image=5, object_scale=1.0)
 COUNT_WORDS = {"two": 2, "three": 3}
@@ -50,7 +52,7 @@ def test_idempotent_and_regenerates_on_change(tmp_path: Path, monkeypatch: pytes
         raise AssertionError("an up-to-date data set must not be regenerated")
 
     with monkeypatch.context() as m:
-        m.setattr(shapes, "render_image", fail)
+        m.setattr(generate, "render_image", fail)
         assert build_shapes(tmp_path, seed=0, **SMALL) == path
     assert (path.stat().st_mtime_ns, (tmp_path / "images" / "train_00000.png").stat().st_mtime_ns) == stamp
 
@@ -64,7 +66,7 @@ def test_idempotent_and_regenerates_on_change(tmp_path: Path, monkeypatch: pytes
 
 def test_interrupted_generation_is_redone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     build_shapes(tmp_path, seed=0, **SMALL)
-    real = shapes.render_image
+    real = generate.render_image
     calls = []
 
     def crash_late(*args, **kwargs):
@@ -74,7 +76,7 @@ def test_interrupted_generation_is_redone(tmp_path: Path, monkeypatch: pytest.Mo
         return real(*args, **kwargs)
 
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
-        m.setattr(shapes, "render_image", crash_late)
+        m.setattr(generate, "render_image", crash_late)
         build_shapes(tmp_path, seed=5, **SMALL)
     assert not (tmp_path / "dataset_shapes.json").exists()
     data = json.loads(build_shapes(tmp_path, seed=5, **SMALL).read_text())
@@ -99,7 +101,7 @@ def test_counts_and_ids(built: tuple[Path, dict]) -> None:
         for s in e["sentences"]:
             assert s["imgid"] == e["imgid"]
             assert s["tokens"] == s["raw"].split() and s["raw"] == s["raw"].lower()
-            assert 0 < len(s["tokens"]) <= shapes.MAX_CAPTION_TOKENS
+            assert 0 < len(s["tokens"]) <= shape_captions.MAX_CAPTION_TOKENS
             assert all(t.isalpha() for t in s["tokens"])
 
 
@@ -190,8 +192,8 @@ def test_captions_are_truthful(built: tuple[Path, dict]) -> None:
 def test_captions_truthful_many_layouts() -> None:
     # Exercise the generators directly on many more layouts than a build would.
     for i in range(300):
-        _, objects = shapes.render_image(np.random.default_rng(i), 96)
-        captions = shapes.make_captions(np.random.default_rng(10_000 + i), objects, 5)
+        _, objects = generate.render_image(np.random.default_rng(i), 96)
+        captions = shape_captions.make_captions(np.random.default_rng(10_000 + i), objects, 5)
         assert len(set(captions)) == 5
         for caption in captions:
             _check_caption(caption.split(), [o.to_json() for o in objects])
@@ -257,16 +259,8 @@ def test_word_boxes(built: tuple[Path, dict]) -> None:
 def test_meta_records_parameters(built: tuple[Path, dict]) -> None:
     root, _ = built
     meta = json.loads((root / "meta.json").read_text())
-    assert meta["version"] == shapes.GENERATOR_VERSION
+    assert meta["version"] == generate.GENERATOR_VERSION
     assert meta["params"] == {"seed": 0, **SMALL}
-
-
-def test_cli(tmp_path: Path) -> None:
-    path = shapes.main(["--root", str(tmp_path), "--num-train", "3", "--num-val", "1", "--num-test", "1",
-                        "--image-size", "64", "--seed", "2"])
-    data = json.loads(path.read_text())
-    assert len(data["images"]) == 5 and data["images"][0]["width"] == 64
-    assert Image.open(tmp_path / "images" / "test_00000.png").size == (64, 64)
 
 
 def test_rejects_bad_parameters(tmp_path: Path) -> None:

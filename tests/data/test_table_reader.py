@@ -10,10 +10,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from captioning.config.schema import validate_train_config
-from captioning.data.convert import to_karpathy, write_karpathy
-from captioning.data.karpathy import read_karpathy_splits
-from captioning.data.records import SPLITS, ImageRecord
-from captioning.data.table import read_table
+from captioning.data.readers.convert import to_karpathy, write_karpathy
+from captioning.data.readers.karpathy import read_karpathy_splits
+from captioning.data.readers.records import SPLITS, ImageRecord
+from captioning.data.readers.table import read_table
 from captioning.factory.datasets import load_records
 from captioning.runtime import CONF_DIR
 

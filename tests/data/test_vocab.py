@@ -36,7 +36,7 @@ def _nltk_tokenize(text: str) -> list[str]:
 
 def test_tokenize_shortcut_gives_what_nltk_gives():
     """The plain-caption shortcut of `tokenize` against NLTK's Treebank tokenizer on every kind of caption."""
-    from captioning.data.synthetic_text import karpathy_file, realistic_corpus
+    from synthetic_text import karpathy_file, realistic_corpus
 
     candidates, references = realistic_corpus(3000, seed=5)
     texts = [*candidates.values(), *(r for refs in references.values() for r in refs)]

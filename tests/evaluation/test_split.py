@@ -14,7 +14,7 @@ from fixtures import TINY_MODEL
 from omegaconf import OmegaConf
 
 from captioning.data.dataset import CaptionDataset
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.split import EvalSettings, decode_split, evaluate_split, score_predictions
 from captioning.factory.models import build_captioner

@@ -26,7 +26,7 @@ from PIL import Image
 
 from captioning.checkpoint import save_checkpoint
 from captioning.data.images import load_image
-from captioning.data.karpathy import read_karpathy_splits
+from captioning.data.readers.karpathy import read_karpathy_splits
 from captioning.data.vocab import Vocabulary
 from captioning.export import preprocess
 from captioning.export.exporter import export_checkpoint, export_model

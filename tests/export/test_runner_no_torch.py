@@ -19,7 +19,7 @@ import torch
 from fixtures import TINY_MODEL
 
 from captioning.data.images import load_image
-from captioning.data.karpathy import read_karpathy_splits
+from captioning.data.readers.karpathy import read_karpathy_splits
 from captioning.data.vocab import Vocabulary
 from captioning.export.exporter import export_model
 from captioning.factory.models import build_captioner

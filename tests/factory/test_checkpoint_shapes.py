@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir
 
 import captioning
 from captioning.checkpoint import save_checkpoint
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.export.exporter import export_checkpoint

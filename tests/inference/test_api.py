@@ -12,7 +12,7 @@ from PIL import Image
 
 import captioning
 from captioning.data.images import ImageError, load_image
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.factory.datasets import build_datasets
 
 

@@ -289,8 +289,8 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
     measure from `eval.instances` equals the box-based one on the same decoded split."""
     from hydra import compose, initialize_config_dir
 
-    from captioning.data.karpathy import read_karpathy
-    from captioning.data.shapes import COLOURS, SHAPES
+    from captioning.data.readers.karpathy import read_karpathy
+    from captioning.data.shapes.captions import COLOURS, SHAPES
     from captioning.evaluate import evaluate
     from captioning.metrics import coco_attention
     from captioning.runtime import CONF_DIR

@@ -22,7 +22,7 @@ from captioning.metrics import (
     ptb_tokenize,
     score_captions,
 )
-from captioning.metrics import coco as coco_module
+from captioning.metrics import java as java_tools
 
 # ------------------------------------------------------------------------------------------------
 # A small, realistic evaluation set: 30 images, 5 references each, candidates with mixed casing and
@@ -249,7 +249,7 @@ def test_no_meteor_process_left_behind(java_scores: CaptionScores) -> None:
 
 
 def test_meteor_closed_even_after_a_failure() -> None:
-    """_close_meteor releases the lock a failed compute_score left held, then runs the shutdown."""
+    """close_meteor releases the lock a failed compute_score left held, then runs the shutdown."""
 
     class FakeMeteor:
         def __init__(self) -> None:
@@ -263,7 +263,7 @@ def test_meteor_closed_even_after_a_failure() -> None:
 
     fake = FakeMeteor()
     fake.lock.acquire()  # as if compute_score raised half-way
-    coco_module._close_meteor(fake)
+    java_tools.close_meteor(fake)
     assert fake.closed == 1
     assert not fake.lock.locked()
 
@@ -509,7 +509,7 @@ def test_without_java(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_spice_is_computed_or_skipped_with_instructions(monkeypatch: pytest.MonkeyPatch) -> None:
-    if HAS_JAVA and coco_module._spice_models_present():
+    if HAS_JAVA and java_tools.spice_models_present():
         pytest.skip("SPICE is installed here; running it takes minutes")
     s = score_captions({1: "a dog"}, {1: ["a dog runs"]}, metrics=("spice", "rouge"), tokenizer="python")
     assert "SPICE" not in s.overall and "ROUGE_L" in s.overall

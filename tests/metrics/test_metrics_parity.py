@@ -1,6 +1,6 @@
 """`score_captions` equals pycocoevalcap run as COCOEvalCap runs it, on hundreds of realistic captions.
 
-The captions are generated deterministically (:func:`captioning.data.synthetic_text.realistic_corpus`,
+The captions are generated deterministically (:func:`synthetic_text.realistic_corpus`,
 also used by ``experiments/bench_scoring.py``): scenes described five ways with mixed casing, punctuation,
 apostrophes, hyphens, numbers, a few non-ASCII words and varied lengths, and candidates that overlap
 their references partially (some empty, some unrelated).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 from fixtures import HAS_JAVA, needs_java
+from synthetic_text import realistic_corpus
 
-from captioning.data.synthetic_text import realistic_corpus
 from captioning.metrics import VALID_METRICS, score_captions
 
 BLEU = VALID_METRICS["bleu"]

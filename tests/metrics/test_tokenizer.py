@@ -3,7 +3,7 @@
 :func:`captioning.metrics.tokenizer._scan` takes shortcuts (runs of plain words, rules chosen by their
 first character); :func:`~captioning.metrics.tokenizer._scan_full` is the plain transcription of the
 Java scanner's longest-match loop.  They are compared token for token on realistic captions (several
-seeds of :func:`captioning.data.synthetic_text.realistic_corpus`), on adversarial strings and on
+seeds of :func:`synthetic_text.realistic_corpus`), on adversarial strings and on
 seeded random fragment soup, and, when Java is installed, :func:`ptb_tokenize` is compared with the
 jar itself.  Token-level checks of the rules themselves live in ``tests/test_metrics.py``.
 """
@@ -15,18 +15,12 @@ import re
 
 import pytest
 from fixtures import needs_java
+from synthetic_text import realistic_corpus
 
-from captioning.data.synthetic_text import realistic_corpus
 from captioning.metrics import java_ptb_tokenize, ptb_tokenize
+from captioning.metrics.ptb_first_chars import RULES_BY_FIRST_CHAR, _first_chars
 from captioning.metrics.ptb_rules import RULES
-from captioning.metrics.tokenizer import (
-    _RULES_BY_FIRST_CHAR,
-    _first_chars,
-    _output_line,
-    _scan,
-    _scan_full,
-    clean_caption,
-)
+from captioning.metrics.tokenizer import _output_line, _scan, _scan_full, clean_caption
 
 # Strings aimed at the shortcuts' edges: words next to punctuation, other spaces and line ends,
 # assimilations ("cannot", "gonna") in every position, and text the scanner handles specially.
@@ -120,7 +114,7 @@ def test_every_matching_rule_is_a_candidate_for_its_first_character() -> None:
     """Stronger than equal output: at *every* position, each rule that matches is among those tried."""
     text = "\n".join(ADVERSARIAL + _random_soup(random.Random(2), 300) + _corpus(5, range(2)))
     for pos in range(len(text)):
-        candidates = _RULES_BY_FIRST_CHAR[text[pos]]
+        candidates = RULES_BY_FIRST_CHAR[text[pos]]
         for rule in RULES:
             if rule[0].match(text, pos) is not None:
                 assert rule in candidates, (rule[0].pattern[:60], text[pos:pos + 20])
@@ -137,8 +131,8 @@ def test_first_characters_of_patterns() -> None:
     lookahead = _first_chars(re.compile("(?!x)[a-z]+"))
     assert lookahead is not None and lookahead.match("x")  # look-arounds ignored: a superset
     # the catch-all last rule is tried everywhere; a plain letter needs far fewer than all the rules
-    assert all(_RULES_BY_FIRST_CHAR[ch][-1] == RULES[-1] for ch in "a.\n,'\"A3é(-😀")
-    assert len(_RULES_BY_FIRST_CHAR["z"]) < len(RULES) / 2 and len(_RULES_BY_FIRST_CHAR["\n"]) == 2
+    assert all(RULES_BY_FIRST_CHAR[ch][-1] == RULES[-1] for ch in "a.\n,'\"A3é(-😀")
+    assert len(RULES_BY_FIRST_CHAR["z"]) < len(RULES) / 2 and len(RULES_BY_FIRST_CHAR["\n"]) == 2
 
 
 def test_plain_words_take_the_shortcut_and_assimilations_do_not() -> None:

@@ -41,12 +41,12 @@ from fixtures import assert_every_parameter_learns
 from omegaconf import OmegaConf
 
 from captioning.factory import registry
-from captioning.losses import caption_loss
 from captioning.models import packing
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.fused import additive as fused_additive
 from captioning.models.fused import plain_kernels
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import caption_loss
 
 
 def test_every_registered_decoder_and_attention_is_here():

@@ -12,7 +12,6 @@ import torch
 from family import ATTENTIONS, GRID, INDEXES, D, V, assert_same, build, data, loss, ragged, run
 from torch.utils.flop_counter import FlopCounterMode
 
-from captioning.losses import caption_loss
 from captioning.models import packing
 from captioning.models.attention import SoftAttention, additive_scores
 from captioning.models.decoders.sat import ShowAttendTellDecoder
@@ -20,6 +19,7 @@ from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.flops import DecoderSizes, decoding_flops, teacher_forcing_flops
 from captioning.models.fused import additive as fused_additive
 from captioning.models.packing import StepPlan, prefix_lengths
+from captioning.training.losses import caption_loss
 from captioning.training.scst.sampling import sample_captions
 
 NAMES = ATTENTIONS  # soft, hard, dot, general, concat, local, location, multihead

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from captioning.losses import MovingAverageBaseline, caption_loss, hard_attention_loss, reinforce_loss
 from captioning.models.attention import HardAttention, SoftAttention
+from captioning.training.losses import MovingAverageBaseline, caption_loss, hard_attention_loss, reinforce_loss
 
 L, D, N_HID = 5, 6, 4
 

@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 from captioning.base.moved import NAMED
 from captioning.factory import registry
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
 from captioning.models.attention import SoftAttention
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import caption_loss
 
 
 def _batch(B=3, caps_per_image=2, T=7, V=12):

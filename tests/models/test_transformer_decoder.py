@@ -17,10 +17,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
 from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoding import greedy_decode
 from captioning.runtime import CONF_DIR
+from captioning.training.losses import caption_loss
 
 CROSS = ["multihead", "soft", "dot", "general", "concat", "local"]  # the attention types a layer can run
 SMALL = {"attention_dim": 8, "num_heads": 2, "head_dim": 8, "half_width": 2}

@@ -16,7 +16,7 @@ from test_html_report import _decoded
 
 import captioning.tools.html as html_tool
 from captioning.checkpoint import save_checkpoint
-from captioning.data.references import read_annotations
+from captioning.data.readers.references import read_annotations
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.outputs import write_outputs
 from captioning.evaluation.split import instance_correctness, score_predictions

@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw
 
 from captioning.checkpoint import save_checkpoint
 from captioning.data.dataset import CaptionDataset
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.outputs import write_outputs
 from captioning.evaluation.split import decode_split, score_predictions

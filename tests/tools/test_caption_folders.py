@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import captioning.tools.caption as caption_tool
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.tools.caption import main
 from captioning.tools.score import score_files
 

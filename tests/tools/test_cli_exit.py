@@ -134,8 +134,8 @@ def test_prepare_to_karpathy_round_trip(tmp_path):
     proc = run("captioning-prepare", *table, "--to-karpathy", out, cwd=tmp_path)
     assert_ok(proc)
     assert json.loads(proc.stdout)["splits"]["train"] == {"images": 1, "captions": 2}
-    from captioning.data.karpathy import read_karpathy_splits
-    from captioning.data.table import read_table
+    from captioning.data.readers.karpathy import read_karpathy_splits
+    from captioning.data.readers.table import read_table
 
     back = read_karpathy_splits(["train", "val", "test"], out, tmp_path / "photos")
     direct = read_table(["train", "val", "test"], tmp_path / "photos" / "captions.csv", tmp_path / "photos")

@@ -33,13 +33,14 @@ from PIL import Image
 
 import captioning
 from captioning.checkpoint import save_checkpoint
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import END, Vocabulary
 from captioning.factory.models import build_captioner
+from captioning.inference.demo_app import make_server
 from captioning.inference.demo_page import DISPLAY_SIDE
 from captioning.inference.demo_server import ServerLimits
 from captioning.reporting.html import quantize_maps
-from captioning.tools.demo import main, make_server
+from captioning.tools.demo import main
 
 BEAM, ALTERNATIVES, MAX_LEN, LIMIT = 3, 3, 5, 64 * 1024
 
@@ -176,7 +177,7 @@ def test_missing_or_bad_length_and_unknown_paths(server):
 
 
 def test_one_log_line_per_request_and_one_decoding_at_a_time(server, model, images, caplog):
-    caplog.set_level(logging.INFO, logger="captioning.tools.demo")
+    caplog.set_level(logging.INFO, logger="captioning.inference.demo_app")
     names = [f"log{i}-{p.name}" for i, p in enumerate(images * 2)]  # to find this test's lines among any others
     answers: list[tuple[int, dict]] = []
     threads = [threading.Thread(target=lambda p=p, n=n: answers.append(_post(server, p.read_bytes(), n)))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from captioning.data.references import load_references, load_results
+from captioning.data.readers.references import load_references, load_results
 from captioning.metrics import score_captions
 from captioning.tools.score import main, score_files
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from fixtures import needs_java
+from synthetic_text import realistic_corpus
 
-from captioning.data.synthetic_text import realistic_corpus
 from captioning.tools.score import score_files
 
 pytestmark = pytest.mark.integration  # every test here starts a subprocess
@@ -76,7 +76,7 @@ def test_installed_console_script_gives_the_in_process_scores(files):
 
 LAZY = """
 import sys
-import captioning.data, captioning.data.jsonio, captioning.metrics
+import captioning.data, captioning.base.jsonio, captioning.metrics
 assert not any(m.split(".")[0] in {"torch", "pycocotools", "nltk"} for m in sys.modules), "eager import"
 from captioning.metrics import CiderD, score_captions, ptb_tokenize, bleu
 assert "captioning.metrics.coco_attention" not in sys.modules and "captioning.metrics.attention" not in sys.modules

@@ -13,7 +13,7 @@ from fixtures import BIN
 def quick_scoring(monkeypatch):
     """Python tokenizer (no JVM per score) and no training-curve figure, in this process."""
     monkeypatch.setenv("PATH", BIN)
-    monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+    monkeypatch.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
 
 
 @pytest.fixture(scope="module")

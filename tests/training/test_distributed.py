@@ -182,9 +182,9 @@ def test_two_ranks_resume_and_hard_attention(two_ranks, shapes_json, tmp_path):
 
 
 def test_global_mean_baseline_matches_the_plain_baseline_in_one_process():
-    from captioning.losses import MovingAverageBaseline
+    from captioning.training.losses import GlobalMeanBaseline, MovingAverageBaseline
 
-    plain, synced = MovingAverageBaseline(0.9), distributed.GlobalMeanBaseline(0.9)
+    plain, synced = MovingAverageBaseline(0.9), GlobalMeanBaseline(0.9)
     for rewards in (torch.tensor([-3.0, -5.0]), torch.tensor([-1.0, -2.0, -6.0])):
         before = synced.value
         plain.update(rewards)

@@ -102,7 +102,7 @@ def reference(data_root, tmp_path_factory):
             out = tmp_path_factory.mktemp(name)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("PATH", BIN)
-                mp.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+                mp.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
                 inject(mp, **setups[name])
                 train(compose_train(*tiny(data_root, EPOCHS2)), out)
             runs[name] = out
@@ -317,6 +317,7 @@ def test_fp16_a_nan_loss_is_a_skipped_step(data_root, tmp_path, monkeypatch):
 # -- the command line ------------------------------------------------------------------------------------------------
 INJECTED = """
 import dataclasses, sys
+import captioning.training.run_state as run_state
 import captioning.training.trainer as tr
 from captioning.train import main
 real = tr.Trainer.loss
@@ -324,7 +325,7 @@ def loss(self, batch):  # NaN from step 7 (epoch 2) on
     terms = real(self, batch)
     return dataclasses.replace(terms, total=terms.total * float("nan")) if self.step >= 6 else terms
 tr.Trainer.loss = loss
-tr.plot_history = lambda *a, **k: None
+run_state.plot_history = lambda *a, **k: None
 sys.argv[0] = "captioning-train"
 main()
 """

@@ -42,11 +42,12 @@ import os, signal, sys, types
 from pathlib import Path
 sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_resume, and the fixtures it imports
 import captioning.base.files as ck
+import captioning.training.run_state as run_state
 import captioning.training.trainer as tr
 from captioning.train import train
 from captioning.training.stop import TrainingInterrupted
 from test_resume import compose_train
-tr.plot_history = lambda *a, **k: None
+run_state.plot_history = lambda *a, **k: None
 kind, which, n = (os.environ.get("KILL_AT") or "none::0").split(":")
 count = [0]
 def due(hit=True):
@@ -115,7 +116,7 @@ def reference(data_root, tmp_path_factory):
             out = tmp_path_factory.mktemp(f"reference_{attention}")
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("PATH", BIN)
-                mp.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+                mp.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
                 train(compose_train(*tiny(data_root, *ATTENTION[attention])), out)
             runs[attention] = out
         return runs[attention]
@@ -307,7 +308,7 @@ def test_a_signal_saves_the_run_and_resume_is_bit_identical(data_root, reference
     last = last_checkpoint(tmp_path)
     assert last["step"] == at and not (tmp_path / "metrics.json").exists()
     assert last["position"]["batch"] == (at - 1) % STEPS_PER_EPOCH + 1  # the batches of its epoch done so far
-    with caplog.at_level(logging.INFO, logger="captioning.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="captioning.training.run_state"):
         resume_and_compare(tmp_path, overrides, ref)
     (resumed,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
     # before any validation there is no best score to report (it said "best CIDEr -inf")
@@ -329,7 +330,7 @@ def scst_reference(data_root, reference, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference_scst")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", BIN)
-        mp.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+        mp.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
         train(compose_train(*scst(data_root, reference("hard"))), out)
     return out
 

@@ -58,7 +58,7 @@ def holder(tmp_path):
 
 @pytest.fixture(autouse=True)
 def no_curves(monkeypatch):
-    monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+    monkeypatch.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
 
 
 @pytest.mark.integration

@@ -17,10 +17,9 @@ from fixtures import TINY_ENCODER, TINY_MODEL
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner, model_config
-from captioning.losses import MovingAverageBaseline, leave_one_out_baseline
 from captioning.metrics import CiderD, score_captions
 from captioning.metrics.tokenizer import ptb_tokenize
 from captioning.models.attention import HardAttention, SoftAttention
@@ -29,6 +28,7 @@ from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.train import train
+from captioning.training.losses import MovingAverageBaseline, leave_one_out_baseline
 from captioning.training.objectives import LossContext, SelfCritical, self_critical_baseline
 from captioning.training.scst.rewards import CaptionReward
 from captioning.training.scst.sampling import Samples, sample_captions
@@ -369,7 +369,7 @@ def _tiny_run(shapes_json, *extra):
 
 
 def test_scst_run_from_a_cross_entropy_checkpoint(shapes_json, tmp_path, monkeypatch):
-    monkeypatch.setattr("captioning.training.trainer.plot_history", lambda *a, **k: None)
+    monkeypatch.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
     train(_tiny_run(shapes_json, "trainer.max_epochs=1"), tmp_path / "xe")
     best = tmp_path / "xe/checkpoints/best.pt"
     cfg = _tiny_run(shapes_json, "objective=scst", f"init_from={best}", "trainer.max_epochs=2", "objective.max_len=8",

@@ -10,14 +10,14 @@ from hydra import compose, initialize_config_dir
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.dataset import CaptionDataset, collate
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.factory.checkpoints import load_model
 from captioning.factory.models import build_captioner
-from captioning.losses import caption_loss
 from captioning.models.decoding import greedy_decode
 from captioning.runtime import CONF_DIR
 from captioning.train import train
+from captioning.training.losses import caption_loss
 
 CONF = str(CONF_DIR)
 

@@ -6,8 +6,8 @@ from fixtures import compose_tiny_train
 
 from captioning.config.schema import validate_train_config
 from captioning.factory.run import build_trainer
-from captioning.training.distributed import NullWriter
 from captioning.training.schedule import InverseSqrtWarmup, step_schedule
+from captioning.training.tensorboard import NullWriter
 
 
 def _noam(step: int, d_model: int = 512, warmup: int = 20000) -> float:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from captioning.losses import caption_loss, doubly_stochastic
+from captioning.training.losses import caption_loss, doubly_stochastic
 
 
 def test_doubly_stochastic_matches_hand_computation():

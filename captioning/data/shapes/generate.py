@@ -7,8 +7,6 @@ attention maps can be scored against ground truth.
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import logging
 import os
 import time
@@ -21,24 +19,18 @@ from PIL import Image, ImageDraw
 
 from captioning.base.constraints import MAX_IMAGE_SIDE, Count, Range, constrained
 from captioning.base.files import TMP_SUFFIX, atomic_file
+from captioning.base.jsonio import load_json, write_json_atomic
 from captioning.base.lock import LOCK_NAME, FolderLock
-from captioning.data.jsonio import load_json, write_json_atomic
-from captioning.data.shapes_captions import (  # noqa: F401 (re-exported)
-    COLOURS,
-    MAX_CAPTION_TOKENS,
-    RELATION_WORDS,
-    SHAPES,
-    SIZES,
-    ShapeObject,
-    make_captions,
-    word_boxes,
-)
+from captioning.data.shapes.captions import COLOURS, SHAPES, SIZES, ShapeObject, make_captions, word_boxes
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 COLOUR_RGB = {"red": (215, 35, 35), "green": (35, 170, 55), "blue": (40, 70, 215), "yellow": (235, 205, 30)}
-GENERATOR_VERSION = 3  # 3: scene-dependent phrasings (shapes_captions.template_weights)
+GENERATOR_VERSION = 3  # 3: scene-dependent phrasings (captions.template_weights)
+# Stored in meta.json to mark a folder as this generator's: the module's name before it moved, kept so that data
+# sets generated then are still recognised (not regenerated, not refused).
+GENERATOR = "captioning.data.shapes"
 JSON_NAME = "dataset_shapes.json"
 META_NAME = "meta.json"
 
@@ -158,7 +150,7 @@ def _check_root(root: Path, writable: bool) -> None:
 
 def _check_folder(root: Path) -> None:
     """Refuse to write into `root` unless it is new, empty or a shapes data set folder (its meta.json says so)."""
-    made_here = isinstance(found := _read_json(root / META_NAME), dict) and found.get("generator") == __name__
+    made_here = isinstance(found := _read_json(root / META_NAME), dict) and found.get("generator") == GENERATOR
     if root.is_dir() and not made_here and any(p.name != LOCK_NAME for p in root.iterdir()):
         raise ValueError(f"{root} holds other files and no meta.json of a shapes data set; refusing to write "
                          "images there (choose a new or empty folder for the shapes data set)")
@@ -189,7 +181,7 @@ def build_shapes(root: str | os.PathLike, *, seed: Count = 0,
     root = Path(root)
     params = {"seed": seed, "num_train": num_train, "num_val": num_val, "num_test": num_test,
               "image_size": image_size, "captions_per_image": captions_per_image, "object_scale": object_scale}
-    meta = {"generator": __name__, "version": GENERATOR_VERSION, "params": params}
+    meta = {"generator": GENERATOR, "version": GENERATOR_VERSION, "params": params}
     if _present(root, meta):
         logger.debug("shapes data set already present at %s", root / JSON_NAME)
         return root / JSON_NAME
@@ -237,22 +229,3 @@ def _generate(root: Path, meta: dict[str, Any]) -> None:
     write_json_atomic(root / META_NAME, meta)
     write_json_atomic(json_path, {"dataset": "shapes", "images": images})
     logger.info("generated %d shapes images in %.1f s: %s", len(images), time.perf_counter() - start, json_path)
-
-
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command-line entry point: ``python -m captioning.data.shapes --root DIR``."""
-    parser = argparse.ArgumentParser(description="Generate the synthetic 'shapes' captioning data set.")
-    parser.add_argument("--root", required=True, help="output directory")
-    defaults = {k: p.default for k, p in inspect.signature(build_shapes).parameters.items()
-                if k not in ("root", "writable")}
-    for name, default in defaults.items():  # build_shapes' own defaults (= conf/dataset/shapes.yaml's)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    path = build_shapes(args.root, **{name: getattr(args, name) for name in defaults})
-    logger.info("shapes data set ready: %s", path)
-    return path
-
-
-if __name__ == "__main__":
-    main()

@@ -22,10 +22,11 @@ from fixtures import TINY_CHANNELS, TINY_ENCODER, TINY_POOLS, tiny_overrides
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import CaptionDataset
-from captioning.data.feature_meta import HOW_TO_EXTRACT, SAMPLE_ROWS
-from captioning.data.features import FeatureCache, extract_features, open_features
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
+from captioning.features.cache import FeatureCache, open_features
+from captioning.features.checks import HOW_TO_EXTRACT, SAMPLE_ROWS
+from captioning.features.extract import extract_features
 from captioning.models.encoder import SmallCNN
 from captioning.runtime import CONF_DIR
 from captioning.tools.extract_features import extract

@@ -2,7 +2,7 @@
 
 Columns (CSV: a header row; JSON Lines: the keys of each line's object; other columns are ignored):
 - `image`: the image's path, relative to `image_root` (by default the table's folder); absolute paths, `..` and
-  symlinks that lead out of the root are refused (captioning/data/paths.py), so every image stays under the root;
+  symlinks that lead out of the root are refused (readers/paths.py), so every image stays under the root;
 - `caption`: the caption as written (rows of one image give its captions, in row order);
 - `split` (optional): train, val or test (`restval` counts as train);
 - `image_id` (optional): an integer; without it the images are numbered 1, 2, ... in order of first appearance.
@@ -32,9 +32,9 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from captioning.base.constraints import Count, File, choose_one, constrained
-from captioning.data.jsonio import is_id
-from captioning.data.paths import ImageRoot, relative_problem
-from captioning.data.records import SPLITS, ImageRecord, describe
+from captioning.base.jsonio import is_id
+from captioning.data.readers.paths import ImageRoot, relative_problem
+from captioning.data.readers.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The Karpathy split format (dataset_coco.json, dataset_flickr8k.json, dataset_flickr30k.json, shapes): reader.
 
 `read_karpathy` checks every entry (types, one entry per image id and per file, an image path that stays under the
-image root: captioning/data/paths.py), whatever its split, and returns the requested split's `ImageRecord`s; a bad
+image root: paths.py), whatever its split, and returns the requested split's `ImageRecord`s; a bad
 entry is a ValueError naming the file, the entry, its id and the field.
 `read_karpathy_splits` is the same for several splits: the `dataset.reader` of conf/dataset/reader/karpathy.yaml.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from captioning.base.constraints import File
-from captioning.data.jsonio import is_id, load_json
-from captioning.data.paths import ImageRoot, relative_problem
-from captioning.data.records import SPLITS, ImageRecord, describe
+from captioning.base.jsonio import is_id, load_json
+from captioning.data.readers.paths import ImageRoot, relative_problem
+from captioning.data.readers.records import SPLITS, ImageRecord, describe
 from captioning.data.vocab import tokenize
 
 logger = logging.getLogger(__name__)

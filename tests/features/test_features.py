@@ -1,7 +1,7 @@
-"""data/features.py at the module level, on a tiny frozen SmallCNN and the generated `shapes` set: the grids a
-cache holds are the encoder's (rounded to float16), meta/index/progress record what made it, a cache of another
-encoder is refused, and an interrupted extraction resumes. (The extraction command, ResNet caches and training
-from a cache: tests/data/test_real_data.py; the free-space check: tests/data/test_feature_space.py.)"""
+"""The feature cache (captioning/features/) at the module level, on a tiny frozen SmallCNN and the generated `shapes`
+set: the grids a cache holds are the encoder's (rounded to float16), meta/index/progress record what made it, a
+cache of another encoder is refused, and an interrupted extraction resumes. (The extraction command, ResNet caches
+and training from a cache: tests/data/test_real_data.py; the free-space check: tests/features/test_feature_space.py.)"""
 
 from __future__ import annotations
 
@@ -19,16 +19,12 @@ from fixtures import TINY_CHANNELS, TINY_POOLS
 from omegaconf import OmegaConf
 
 from captioning import __version__
-from captioning.data.features import (
-    CACHE_FORMAT,
-    FeatureCache,
-    extract_features,
-    fingerprint,
-    open_features,
-    weights_digest,
-)
 from captioning.data.images import ImageError, load_image
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
+from captioning.features.cache import FeatureCache, open_features
+from captioning.features.checks import CACHE_FORMAT
+from captioning.features.extract import extract_features
+from captioning.features.fingerprint import fingerprint, weights_digest
 from captioning.models.encoder import SmallCNN
 
 # The tiny encoder at a fixed 32 px (8 x 8 x 16 grids), as a config and as a frozen module.

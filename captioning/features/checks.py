@@ -15,8 +15,8 @@ from typing import Any, NoReturn, cast
 
 import numpy as np
 
-from captioning.data.jsonio import is_id, load_json
-from captioning.data.npy import require_layout
+from captioning.base.jsonio import is_id, load_json
+from captioning.features.npy import require_layout
 
 CACHE_FORMAT = "captioning-features/v1"
 HOW_TO_EXTRACT = "captioning-extract-features <the same overrides> dataset.features=PATH"

@@ -8,7 +8,7 @@ Split rule (documented in conf/dataset/reader/coco.yaml):
 
 Bad input: a file that is not UTF-8 or not valid JSON, lacks the `images`/`annotations` lists, has an image
 without an integer `id`/`file_name`, a `file_name` that leaves its image folder (absolute, `..`, or a symlink out
-of it: captioning/data/paths.py), a duplicate image id, an annotation without an integer `id`/`image_id` or a
+of it: captioning/data/readers/paths.py), a duplicate image id, an annotation without an integer `id`/`image_id` or a
 string `caption`, a duplicate annotation id, or an annotation for an image id the file does not list is refused
 with a ValueError naming the file, the entry (index and id) and the field, before pycocotools sees the file. Empty
 captions (nothing left after tokenising) are skipped and counted in a warning; so are images left with no caption.
@@ -27,9 +27,9 @@ from typing import Annotated, Any
 from pycocotools.coco import COCO
 
 from captioning.base.constraints import Count, File, constrained
-from captioning.data.jsonio import is_id, load_json
-from captioning.data.paths import ImageRoot, relative_problem
-from captioning.data.records import SPLITS, ImageRecord
+from captioning.base.jsonio import is_id, load_json
+from captioning.data.readers.paths import ImageRoot, relative_problem
+from captioning.data.readers.records import SPLITS, ImageRecord
 from captioning.data.vocab import tokenize
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 def _check_images(images: list[Any], path: Path, folder: ImageRoot | None) -> set[int]:
     """The image ids of `images`, after checking each entry's fields and, with the image `folder`, that its file
-    stays under it (captioning/data/paths.py); a ValueError names the entry and field."""
+    stays under it (captioning/data/readers/paths.py); a ValueError names the entry and field."""
     ids: dict[int, int] = {}
     for n, img in enumerate(images):
         if not isinstance(img, dict) or not is_id(img.get("id")) or not isinstance(img.get("file_name"), str):

@@ -1,7 +1,7 @@
 """Training losses: caption NLL, the doubly stochastic attention term, and REINFORCE terms.
 
-The REINFORCE pieces (`reinforce_loss`, `MovingAverageBaseline`) take any per-sequence reward, so
-hard attention (reward log p(y | s, a)) and reward-based training (e.g. CIDEr) share them.
+The REINFORCE pieces (`reinforce_loss`, `MovingAverageBaseline`; under torchrun `GlobalMeanBaseline`) take any
+per-sequence reward, so hard attention (reward log p(y | s, a)) and reward-based training (e.g. CIDEr) share them.
 
 Normalisation options (the defaults are this project's; the paper presets pick the effective ones of the
 authors' arctic-captions code, see experiments/README.md, "Fidelity"):
@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+
+from captioning.training.distributed import initialized
 
 # The choices, once: the objectives' signatures (and so the config checker) use these types.
 AttentionReduction = Literal["caption_mean", "batch_sum_region_mean"]
@@ -114,6 +117,34 @@ class MovingAverageBaseline:
     def load_state_dict(self, state: dict[str, float | None]) -> None:
         decay = state["decay"]
         self.decay, self.value = float(decay if decay is not None else self.decay), state["value"]
+
+
+class GlobalMeanBaseline(MovingAverageBaseline):
+    """The REINFORCE moving-average baseline kept identical on every rank.
+
+    `update` (called inside the loss) only records this rank's rewards; `sync`, which every rank calls
+    after every step, sums rewards and counts over the ranks and folds the mean reward of the global batch,
+    so every rank holds the same b, the one a single process would hold for the global batch. Ranks whose
+    hard attention used the expected context in a step contribute no rewards to it.
+    """
+
+    def __init__(self, decay: float = 0.9):
+        super().__init__(decay)
+        self._sum, self._count = 0.0, 0
+
+    def update(self, rewards: torch.Tensor) -> None:
+        """Record this rank's rewards (N,) until the next `sync`."""
+        self._sum += float(rewards.detach().double().sum())
+        self._count += rewards.numel()
+
+    def sync(self) -> None:
+        """Fold the mean reward over all ranks' recorded rewards (a collective: every rank must call it)."""
+        totals = torch.tensor([self._sum, float(self._count)], dtype=torch.float64)
+        if initialized():
+            dist.all_reduce(totals)
+        self._sum, self._count = 0.0, 0
+        if totals[1] > 0:
+            super().update((totals[0] / totals[1]).reshape(1))
 
 
 def reinforce_loss(log_probs: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor | float,

@@ -6,8 +6,8 @@ a few non-ASCII words (café, jalapeño, São Paulo) and lengths from a few word
 `refs_per_image` references and one candidate caption that overlaps them partially: mostly the same scene with
 one or two parts changed, sometimes an unrelated scene, rarely an empty caption. This is the text that
 tests/metrics/test_metrics_parity.py scores against pycocoevalcap and experiments/bench_scoring.py times; it exercises
-the tokenizer and the n-gram scorers, it is not a data set to train on (it lives with the data generators, not
-the metrics).
+the tokenizer and the n-gram scorers, it is not a data set to train on (a test helper, not part of the package:
+experiments/ put tests/ on their path to import it).
 """
 
 from __future__ import annotations

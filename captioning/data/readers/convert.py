@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from captioning.data.jsonio import write_json_atomic
-from captioning.data.records import SPLITS, ImageRecord
+from captioning.base.jsonio import write_json_atomic
+from captioning.data.readers.records import SPLITS, ImageRecord
 
 
 def _under(path: Path, root: Path, image_id: int) -> tuple[str, str]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from captioning.base.files import atomic_file, write_text_atomic
-from captioning.data.records import SPLITS, ImageRecord
+from captioning.data.readers.records import SPLITS, ImageRecord
 from captioning.data.vocab import Vocabulary
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from captioning.data.jsonio import is_id, load_json
-from captioning.data.karpathy import read_karpathy
-from captioning.data.paths import ImageRoot
-from captioning.data.records import ImageRecord
+from captioning.base.jsonio import is_id, load_json
+from captioning.data.readers.karpathy import read_karpathy
+from captioning.data.readers.paths import ImageRoot
+from captioning.data.readers.records import ImageRecord
 
 FORMATS = ("coco", "karpathy")
 
@@ -81,7 +81,7 @@ def read_annotations(path: str | Path, split: str = "test", image_root: str | Pa
         refs[ann["image_id"]].append(ann["caption"])
     paths: dict[int, Path] = {}
     if image_root is not None:
-        root = ImageRoot(image_root)  # every file_name must stay under it (captioning/data/paths.py)
+        root = ImageRoot(image_root)  # every file_name must stay under it (captioning/data/readers/paths.py)
         for n, im in enumerate(data.get("images") or []):
             if isinstance(im, dict) and is_id(im.get("id")) and isinstance(im.get("file_name"), str):
                 if problem := root.problem(im["file_name"]):

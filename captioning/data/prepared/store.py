@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from captioning.base.files import write_error
+from captioning.base.jsonio import load_json, write_json_atomic
 from captioning.base.lock import FolderLock
 from captioning.base.signature import file_parameters
-from captioning.data.captions import CaptionTable
-from captioning.data.jsonio import load_json, write_json_atomic
-from captioning.data.records import SPLITS, ImageRecord, collector_paused
+from captioning.data.prepared.arrays import CaptionTable
+from captioning.data.readers.records import SPLITS, ImageRecord, collector_paused
 
 logger = logging.getLogger(__name__)
 FORMAT = "captioning-prepared/v2"  # v2: image paths checked under the image root when read

@@ -1,8 +1,5 @@
-"""JSON helpers shared by the data readers and `captioning-score`: standard library only (and base/files.py, the
-one file writer).
-
-They live apart from :mod:`captioning.data.karpathy` (which imports torch) so that scoring a results
-file never pays for importing torch.
+"""JSON I/O every room shares (data readers, caches, outputs, `captioning-score`): standard library only, beside
+files.py, the one file writer it writes through, so that reading a results file never pays for importing torch.
 """
 
 from __future__ import annotations

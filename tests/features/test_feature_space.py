@@ -9,10 +9,11 @@ import pytest
 import torch
 from fixtures import TINY_CHANNELS, TINY_MODEL, TINY_POOLS
 
-from captioning.data import disk
-from captioning.data.disk import MARGIN_BYTES, MARGIN_PER_ROW, NotEnoughSpaceError, cache_bytes, check_free_space
-from captioning.data.features import FeatureCache, _row_shape, extract_features
-from captioning.data.karpathy import read_karpathy
+from captioning.data.readers.karpathy import read_karpathy
+from captioning.features import disk
+from captioning.features.cache import FeatureCache
+from captioning.features.disk import MARGIN_BYTES, MARGIN_PER_ROW, NotEnoughSpaceError, cache_bytes, check_free_space
+from captioning.features.extract import _row_shape, extract_features
 from captioning.models.encoder import ResNetEncoder, SmallCNN
 
 COCO_IMAGES = 123_287  # Karpathy train + restval + val + test: every image of train2014 and val2014
@@ -85,7 +86,7 @@ def test_extraction_is_refused_before_it_starts(shapes_json, tmp_path, monkeypat
     def never(path):
         raise AssertionError("an image was read before the free space was checked")
 
-    monkeypatch.setattr("captioning.data.features.load_image", never)
+    monkeypatch.setattr("captioning.features.extract.load_image", never)
     _free(monkeypatch, 1000)
     with pytest.raises(NotEnoughSpaceError, match=rf"need {disk.gigabytes(_need(12, 4 * 512))} .*"
                                                   r"only 0\.0000010 GB are free"):
