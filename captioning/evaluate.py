@@ -48,8 +48,8 @@ def validate_evaluate_config(cfg: DictConfig) -> None:
 def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Load a checkpoint, decode a split of its data set and write the scores; returns the metrics."""
     from captioning.evaluation.split import EvalSettings, evaluate_split, load_instances
-    from captioning.factory.checkpoints import load_model
     from captioning.factory.datasets import build_datasets
+    from captioning.factory.load import load_model
     from captioning.features.cache import open_features
     from captioning.models.captioner import compile_decoding, select_attention_map
     from captioning.runtime import resolve_device

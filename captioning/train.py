@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from captioning.base.files import write_text_atomic
 from captioning.base.lock import LOCK_NAME
-from captioning.base.moved import moved_override
 from captioning.checkpoint import check_checkpoint_file, read_checkpoint, same_model
+from captioning.checkpoint.moved import moved_override
 from captioning.cli import EXPECTED_ERRORS, no_unused_folder, run_cli, stopped
 from captioning.config.help import bare_help
 from captioning.config.overrides import check_overrides

@@ -29,10 +29,10 @@ from captioning.data.readers.karpathy import read_karpathy
 
 BOMB_HIDDEN = 10_000_000
 LIMIT = 16 << 30
-IMPORT_ONLY = "import captioning.factory.checkpoints"
+IMPORT_ONLY = "import captioning.factory.load"
 LOAD = """
 import sys, time
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 for path in sys.argv[1:]:
     start = time.perf_counter()
     try:

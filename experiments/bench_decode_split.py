@@ -21,8 +21,8 @@ import torch
 from omegaconf import OmegaConf
 
 from captioning.data.dataset import CaptionDataset, collate
-from captioning.factory.checkpoints import load_model
 from captioning.factory.datasets import build_datasets
+from captioning.factory.load import load_model
 
 
 def load_split(checkpoint: str, split: str) -> tuple[torch.nn.Module, CaptionDataset]:

@@ -27,7 +27,7 @@ from captioning.data.readers.karpathy import read_karpathy_splits
 from captioning.data.shapes.generate import build_shapes
 from captioning.export.exporter import export_checkpoint
 from captioning.export.runner import Runner
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.models.captioner import Captioner
 from captioning.tools.export import human_size
 

@@ -29,7 +29,7 @@ from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.factory import registry
-from captioning.factory.checkpoints import UnsafeCheckpointError, load_model
+from captioning.factory.load import UnsafeCheckpointError, load_model
 from captioning.factory.models import build_captioner
 from captioning.features.cache import FeatureCache
 from captioning.features.extract import extract_features
@@ -186,7 +186,7 @@ def test_a_legitimate_checkpoint_round_trips_with_identical_outputs(good_checkpo
 @pytest.mark.parametrize("decoder", sorted(p.stem for p in (Path(CONF_DIR) / "decoder").glob("*.yaml")))
 def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(dataset, decoder):
     """What a checkpoint of each data set and decoder stores passes the check (else its runs could not be loaded)."""
-    from captioning.factory.checkpoints import check_config
+    from captioning.factory.load import check_config
     from captioning.factory.run import stored_config
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -197,7 +197,7 @@ def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(datas
 
 def test_no_module_on_the_load_path_can_import_a_name_from_a_file():
     for module in (captioner, registry, *(sys.modules[f"captioning.{name}"] for name in
-                                         ("checkpoint", "factory.models", "factory.checkpoints"))):
+                                         ("checkpoint.file", "checkpoint.moved", "factory.models", "factory.load"))):
         source = inspect.getsource(module)
         assert not re.search(r"\binstantiate\b|importlib|_locate|get_method|get_class|__import__", source), module
 

@@ -26,7 +26,7 @@ from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.shapes.generate import META_NAME, build_shapes
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
-from captioning.factory.checkpoints import UnsafeCheckpointError, load_model
+from captioning.factory.load import UnsafeCheckpointError, load_model
 from captioning.factory.models import build_captioner
 from captioning.runtime import CONF_DIR
 from captioning.tools import caption

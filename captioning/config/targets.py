@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from captioning.base.constraints import Constraint, OneOf, Problem, Range, choose_one
-from captioning.base.moved import NAMED
 from captioning.base.signature import argument_problems
+from captioning.checkpoint.moved import NAMED
 from captioning.factory import registry
 from captioning.training import schedule
 

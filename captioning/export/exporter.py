@@ -38,7 +38,7 @@ from captioning.export.graphs import (
 from captioning.export.manifest import BACKENDS, MANIFEST, SUFFIX, Manifest, graph_names, write_manifest
 from captioning.export.preprocess import check_steps
 from captioning.export.runner import Runner
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
 

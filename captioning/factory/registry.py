@@ -6,8 +6,8 @@ the dicts below, never imported, so a checkpoint cannot make the loader run code
 a spec must be arguments of the class's constructor, with values of the types and within the constraints its
 signature declares (plain data: no nested `_target_`, no `${...}` interpolation; captioning/base/signature.py binds
 them, the same check the config validator runs). Names, not import paths: a module can move without breaking a
-checkpoint. Checkpoints written before the names stored import paths: `captioning.base.moved.NAMED` maps each to its
-name, once, when a checkpoint's config is read.
+checkpoint. Checkpoints written before the names stored import paths: `captioning.checkpoint.moved.NAMED` maps
+each to its name, once, when a checkpoint's config is read.
 
 To add a component: import its class here and add one line `"<name>": Class` to its group's dict; its conf/ YAML
 file's `_target_` is that name (tests/models/test_model.py checks every YAML names a registered component).

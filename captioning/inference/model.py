@@ -28,7 +28,7 @@ from PIL import Image
 
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.models.captioner import Captioner, select_attention_map, selects_regions
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
 from captioning.runtime import resolve_device

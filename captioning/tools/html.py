@@ -114,7 +114,7 @@ def build_report(args: argparse.Namespace) -> Path:
     view, geometry = None, None
     if args.checkpoint is not None:  # first: a checkpoint that is refused is refused before any scoring
         check_checkpoint_file(args.checkpoint)  # a missing or foreign file: before torch is imported
-        from captioning.factory.checkpoints import load_model
+        from captioning.factory.load import load_model
         from captioning.metrics.coco_attention import view_geometry
 
         encoder = load_model(args.checkpoint)[0].encoder

@@ -17,7 +17,7 @@ from fixtures import TINY_MODEL
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from captioning.base.moved import MOVED_KEYS, moved_override, upgrade_config
+from captioning.checkpoint.moved import MOVED_KEYS, moved_override, upgrade_config
 from captioning.config import targets
 from captioning.factory import registry
 from captioning.factory.models import build_captioner, model_config
@@ -169,7 +169,7 @@ def test_an_old_config_is_upgraded_once_and_a_new_one_is_left_alone():
 def test_a_checkpoint_written_before_the_move_still_loads(tiny_model, tmp_path):
     from captioning.checkpoint import save_checkpoint
     from captioning.data.vocab import Vocabulary
-    from captioning.factory.checkpoints import load_model
+    from captioning.factory.load import load_model
     vocab = Vocabulary.build([[f"w{i}" for i in range(12 - 4)]])  # 12 ids with the 4 special tokens
     config = {**OmegaConf.to_container(_compose(), resolve=True), "model": TINY_MODEL}
     old = save_checkpoint(tmp_path / "old.pt", tiny_model, vocab, _old_layout(config))

@@ -25,8 +25,8 @@ from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.evaluation.split import decode_split
-from captioning.factory.checkpoints import load_model
 from captioning.factory.datasets import load_records
+from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner, build_encoder, model_config
 from captioning.features.cache import FeatureCache
 from captioning.models.encoder import ResNetEncoder

@@ -34,7 +34,7 @@ from captioning.export.graphs import flatten_state, preprocess_steps
 from captioning.export.manifest import FORMAT, MANIFEST
 from captioning.export.runner import Runner
 from captioning.factory import registry
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner
 from captioning.factory.run import build_trainer
 from captioning.models.captioner import Captioner

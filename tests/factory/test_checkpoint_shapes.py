@@ -31,7 +31,7 @@ from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.export.exporter import export_checkpoint
-from captioning.factory import checkpoints
+from captioning.factory import load as checkpoints
 from captioning.factory.models import build_captioner
 from captioning.runtime import CONF_DIR
 from captioning.tools import caption, demo
@@ -220,7 +220,7 @@ def test_resume_and_init_from(shapes_json, tmp_path, key):
 
 LOAD = """
 import resource, sys, time
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 load_model(sys.argv[2])  # imports and first-use costs paid on a good file
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()

@@ -15,7 +15,7 @@ import pytest
 
 import captioning
 from captioning.checkpoint import read_checkpoint
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 
 ASSETS = Path(__file__).parents[1] / "assets" / "checkpoint_before_names"
 EXPECTED = json.loads((ASSETS / "expected.json").read_text())

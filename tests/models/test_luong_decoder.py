@@ -10,7 +10,7 @@ import torch
 from fixtures import TINY_MODEL, compose_tiny_train
 from omegaconf import OmegaConf
 
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner
 from captioning.models.decoders.luong import LuongDecoder
 from captioning.runtime import CONF_DIR

@@ -8,7 +8,7 @@ import torch
 from fixtures import TINY_MODEL, assert_every_parameter_learns, cancelling_entries, shift_cancelling_entries
 from omegaconf import OmegaConf
 
-from captioning.base.moved import NAMED
+from captioning.checkpoint.moved import NAMED
 from captioning.factory import registry
 from captioning.factory.models import build_captioner
 from captioning.models.attention import SoftAttention
@@ -113,7 +113,7 @@ def test_every_conf_target_is_registered_and_its_arguments_pass_the_check(group)
 @pytest.mark.parametrize("group", sorted(registry.GROUPS))
 def test_registry_keys_are_names_and_every_old_import_path_maps_to_one(group):
     """Components are registered under stable names, not import paths (a module can move); each import path a
-    config or checkpoint named before maps to the name of a registered component (base/moved.py `NAMED`)."""
+    config or checkpoint named before maps to the name of a registered component (checkpoint/moved.py `NAMED`)."""
     for name in registry.GROUPS[group]:
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
     names = {n for table in registry.GROUPS.values() for n in table}

@@ -9,7 +9,7 @@ import torch
 from fixtures import TINY_MODEL, compose_tiny_train, masked_annotations, padded_captions
 from omegaconf import OmegaConf
 
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner
 from captioning.models.decoders.base import mean_annotation
 from captioning.models.decoders.updown import UpDownDecoder

@@ -27,8 +27,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from captioning.evaluation.split import decode_split, score_predictions
-from captioning.factory.checkpoints import load_model
 from captioning.factory.datasets import build_datasets
+from captioning.factory.load import load_model
 from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training import distributed

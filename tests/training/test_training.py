@@ -12,7 +12,7 @@ from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
-from captioning.factory.checkpoints import load_model
+from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner
 from captioning.models.decoding import greedy_decode
 from captioning.runtime import CONF_DIR

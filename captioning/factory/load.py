@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from captioning.base.moved import upgrade_config
 from captioning.checkpoint import check_weights, checkpoint_vocabulary, read_checkpoint
+from captioning.checkpoint.moved import upgrade_config
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner
 from captioning.factory.registry import ModelSpecError, check_data, group_at, resolve

@@ -8,7 +8,7 @@ path to its name; a checkpoint's stored config is read with its targets renamed.
 The loss settings were `trainer.attention_weight`, `trainer.attention_reduction` and `trainer.reinforce.*`; they are
 now arguments of the objective (conf/objective/_terms.yaml, xe.yaml, scst.yaml): `objective.attention_weight`, ...
 `captioning-train` renames such an override before Hydra sees it (and says so); a checkpoint's stored config is
-read with its keys moved (captioning/factory/checkpoints.py).
+read with its keys moved (captioning/factory/load.py).
 """
 
 from __future__ import annotations

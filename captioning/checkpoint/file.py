@@ -3,7 +3,7 @@
 Written through base/files.py's atomic writer (tmp file, fsync, rename), so an interrupted or failed save (a full
 disk) never leaves a broken file: the previous last.pt stays whole and the run stays resumable. A
 checkpoint is data, never code: it is read with `weights_only=True` (no pickled objects). Rebuilding a model
-from one (its config checked against the registry first) is `captioning.factory.checkpoints.load_model`.
+from one (its config checked against the registry first) is `captioning.factory.load.load_model`.
 
 torch is imported by the functions that need it: `check_checkpoint_file` refuses a missing file, one that is not
 the zip archive torch.save writes, or another tool's (its pickled structure never names FORMAT), before a command
