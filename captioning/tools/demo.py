@@ -43,6 +43,7 @@ from urllib.parse import unquote, urlsplit
 from PIL import Image
 
 import captioning
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, one_line, positive_int, run_cli
 from captioning.data.images import ImageError, load_image
@@ -84,8 +85,8 @@ class DemoServer(BoundedHTTPServer):
     """The demo's HTTP server: the model, its decoding options, the page, the lock that serialises decoding and the
     slots of the uploads in the model's line (the one decoding and those waiting)."""
 
-    def __init__(self, model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = 3,
-                 alternatives: int = 3, max_len: int = 20, max_upload_bytes: int = 20 * MB,
+    def __init__(self, model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = BEAM_SIZE,
+                 alternatives: int = 3, max_len: int = MAX_LEN, max_upload_bytes: int = 20 * MB,
                  limits: ServerLimits | None = None):
         self.model, self.beam_size, self.alternatives, self.max_len = model, beam_size, alternatives, max_len
         self.max_upload_bytes = max_upload_bytes
@@ -131,8 +132,8 @@ class DemoServer(BoundedHTTPServer):
         return result_payload(result)
 
 
-def make_server(model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = 3,
-                alternatives: int = 3, max_len: int = 20, max_upload_bytes: int = 20 * MB,
+def make_server(model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = BEAM_SIZE,
+                alternatives: int = 3, max_len: int = MAX_LEN, max_upload_bytes: int = 20 * MB,
                 limits: ServerLimits | None = None) -> DemoServer:
     """The demo server bound to host:port (0: a free port), not yet serving: call `serve_forever()` (in a thread
     for tests, then `shutdown()` and `server_close()`)."""
@@ -290,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=port_number, default=8000, help="0: a free port (the URL is printed)")
-    parser.add_argument("--beam-size", type=positive_int, default=3)
+    parser.add_argument("--beam-size", type=positive_int, default=BEAM_SIZE)
     parser.add_argument("--alternatives", type=count, default=3, help="captions of the beam to list (>= 0)")
-    parser.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
+    parser.add_argument("--max-len", type=positive_int, default=MAX_LEN, help="most words per caption (>= 1)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-upload-mb", type=positive_int, default=20, help="largest image file accepted")
     bounds = parser.add_argument_group("limits", "what one client or a burst may hold, for a page shared with --host")
