@@ -7,9 +7,10 @@ from hydra import compose, initialize_config_dir
 from captioning.runtime import CONF_DIR
 
 CONF = CONF_DIR
-# the paper's presets (the compared decoders' have their own: tests/config/test_decoder_presets.py)
+# the paper's presets (the compared decoders' have their own: tests/config/test_decoder_presets.py; _paper*.yaml are
+# the parts they share, tests/config/test_one_default_per_fact.py)
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if not p.stem.startswith(("coco_updown",
-                                                                                               "coco_transformer")))
+                                                                                               "coco_transformer", "_")))
 
 
 def _compose(*overrides):

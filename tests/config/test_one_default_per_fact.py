@@ -6,7 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import captioning
 from captioning.base.decoding import BEAM_SIZE, MAX_LEN
@@ -60,3 +63,64 @@ def test_the_scan_finds_a_default_written_in_place():
                      "p.add_argument('--beam-size', type=int, default=3)\n"
                      "def g(beam_size=BEAM_SIZE, max_len: int = ...): ...\n")
     assert _literal_defaults(tree) == [(1, "beam_size"), (1, "max_len"), (2, "--beam-size")]
+
+
+# -- shared config parts --------------------------------------------------------------------------------------------
+def _compose(*overrides: str, name: str = "train"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(name, overrides=list(overrides))
+
+
+def _own_keys(path: Path) -> dict:
+    return {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "defaults"}
+
+
+DATASETS = sorted(p.stem for p in (CONF_DIR / "dataset").glob("[!_]*.yaml"))
+
+
+def test_each_data_set_states_only_what_differs_from_the_base():
+    base = _own_keys(CONF_DIR / "dataset" / "_base.yaml")
+    for name in DATASETS:
+        path = CONF_DIR / "dataset" / f"{name}.yaml"
+        assert yaml.safe_load(path.read_text())["defaults"] == ["_base", "_self_"], name
+        same = [k for k, v in _own_keys(path).items() if base.get(k, object()) == v]
+        assert not same, f"{name}.yaml repeats the base's {same}"
+    for name in DATASETS:  # and every key the base leaves open (???) is set
+        dataset = _compose(f"dataset={name}").dataset
+        assert not [k for k in dataset if OmegaConf.is_missing(dataset, k)], name
+
+
+PAPER = [f"{d}_{a}" for d in ("coco", "flickr8k", "flickr30k") for a in ("soft", "hard")]
+
+
+def test_the_paper_presets_state_only_their_data_set():
+    """The paper's constants are written once (experiment/_paper.yaml, and _paper_soft/_paper_hard.yaml for what each
+    attention trains differently); each of the six presets names its data set (flickr8k also its optimizer)."""
+    for name in PAPER:
+        path = CONF_DIR / "experiment" / f"{name}.yaml"
+        assert not _own_keys(path), name
+        dataset, attention = name.split("_")
+        extra = ["override /optim"] if dataset == "flickr8k" else []
+        assert yaml.safe_load(path.read_text())["defaults"] == [
+            f"_paper_{attention}", {"override /dataset": dataset}, *({k: "arctic_rmsprop"} for k in extra)]
+
+
+def test_the_paper_presets_share_their_constants():
+    cfgs = {name: _compose(f"experiment={name}") for name in PAPER}
+    for name, cfg in cfgs.items():
+        other = cfgs[f"coco_{name.split('_')[1]}"]  # the same attention on COCO: all but the data set (and optimizer)
+        assert {k: cfg[k] for k in cfg if k not in ("dataset", "optim")} == \
+               {k: other[k] for k in other if k not in ("dataset", "optim")}, name
+        assert {k: cfg.dataset[k] for k in ("max_vocab", "batch_size", "batch_unit")} == \
+               {"max_vocab": 10000, "batch_size": 64, "batch_unit": "captions"}
+    soft, hard = cfgs["coco_soft"], cfgs["coco_hard"]
+    for group in ("encoder", "decoder", "trainer"):
+        assert soft[group] == hard[group], group
+    assert soft.attention.attention_dim == hard.attention.attention_dim == 512
+
+
+def test_the_shared_parts_are_no_choices_of_their_own():
+    from captioning.config.overrides import OverrideError, check_overrides
+    for override in ("dataset=_base", "experiment=_paper", "experiment=_paper_soft"):
+        with pytest.raises(OverrideError, match="no such choice"):
+            check_overrides([override], CONF_DIR, "train")
