@@ -124,3 +124,97 @@ def test_the_shared_parts_are_no_choices_of_their_own():
     for override in ("dataset=_base", "experiment=_paper", "experiment=_paper_soft"):
         with pytest.raises(OverrideError, match="no such choice"):
             check_overrides([override], CONF_DIR, "train")
+
+
+# -- the tiny run --------------------------------------------------------------------------------------------------
+ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
+DECODERS = sorted(p.stem for p in (CONF_DIR / "decoder").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_debug_tiny_shrinks_whichever_model_is_chosen(decoder, tmp_path):
+    """debug=tiny's sizes (conf/debug/*/tiny_<choice>.yaml) fit every choice they name; a choice without a file keeps
+    its own; the run itself is the same: 48 / 12 / 12 shapes images of 32 px, 8 a batch."""
+    from captioning.config import validate_train_config
+    for attention in ATTENTIONS:
+        if decoder == "transformer" and attention in ("hard", "location"):
+            continue  # refused: tests/models/test_transformer_decoder.py
+        cfg = _compose("debug=tiny", f"dataset.root={tmp_path}", f"decoder={decoder}", f"attention={attention}")
+        validate_train_config(cfg)  # no key a chosen group does not take
+        sizes = yaml.safe_load(path.read_text()) if (path := CONF_DIR / "debug" / "attention" /
+                                                     f"tiny_{attention}.yaml").is_file() else {}
+        assert {k: cfg.attention[k] for k in sizes} == sizes, attention
+    tiny = yaml.safe_load((CONF_DIR / "debug" / "decoder" / f"tiny_{decoder}.yaml").read_text())
+    assert {k: cfg.decoder[k] for k in tiny} == tiny
+    assert list(cfg.encoder.channels) == [8, 16] and cfg.dataset.generate.image_size == 32
+    assert (cfg.dataset.generate.num_train, cfg.dataset.batch_size, cfg.trainer.progress) == (48, 8, False)
+
+
+def test_debug_is_off_by_default_and_adds_no_key():
+    plain = _compose()
+    assert "debug" not in plain and list(plain.encoder.channels) == [32, 64, 128]
+
+
+# -- choices that choose for other groups ----------------------------------------------------------------------------
+def _implied(*overrides: str) -> list[str]:
+    from captioning.config.choices import implied_choices
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    return implied_choices(cfg.hydra.runtime.choices, CONF_DIR, {o.split("=")[0] for o in overrides})
+
+
+def test_a_choice_that_chooses_for_other_groups_says_so():
+    assert _implied() == []
+    assert _implied("decoder=transformer") == [
+        "decoder=transformer selects attention=multihead, optim=transformer_adam (conf/decoder/transformer.yaml)"]
+    assert _implied("decoder=transformer", "attention=soft") == [  # the command line's choice is its own
+        "decoder=transformer selects optim=transformer_adam (conf/decoder/transformer.yaml)"]
+    assert _implied("objective=scst") == [
+        "objective=scst selects scheduler=none and sets optim.lr, trainer.{max_epochs, patience, monitor, "
+        "val_beam_size} (conf/objective/scst.yaml)"]
+    assert _implied("experiment=flickr8k_soft")[0] == (  # through _paper_soft.yaml and _paper.yaml
+        "experiment=flickr8k_soft selects encoder=vgg19, optim=arctic_rmsprop, scheduler=none, attention=soft, "
+        "dataset=flickr8k (conf/experiment/flickr8k_soft.yaml)")
+
+
+def _help() -> str:
+    from captioning.config.help import bare_help
+    text = bare_help(["--help"], CONF_DIR, "train")
+    assert text is not None
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("choice", ["decoder=transformer", "objective=scst", "debug=tiny"])
+def test_the_help_says_what_a_choice_chooses(choice):
+    (line,) = _implied(choice)
+    said = line.removeprefix(f"{choice} ").rsplit(" (conf/", 1)[0]
+    help_text = _help()
+    entry = help_text[help_text.index("Choices that choose for other groups"):]
+    entry = entry[entry.index(f" {choice} "):]
+    entry = entry[:entry.index("(conf/")]
+    for part in said.replace(" and ", ", ").removeprefix("selects ").split(", "):
+        name = part.removeprefix("sets ").removeprefix("selects ")
+        assert name in entry, (name, entry)
+
+
+def test_the_help_states_the_default_runs_schedule():
+    cfg, text = _compose(), _help()
+    assert f"has not improved for {cfg.trainer.patience} epochs (at most {cfg.trainer.max_epochs};" in text
+    assert "10 minutes" not in text
+
+
+def test_a_run_logs_what_its_choices_chose(caplog):
+    from hydra.core.hydra_config import HydraConfig
+
+    from captioning.train import log_implied_choices
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["decoder=transformer"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with caplog.at_level("INFO", logger="captioning.train"):
+            log_implied_choices()
+    finally:
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]  # outside a Hydra app again, for the tests after
+    assert not HydraConfig.initialized()
+    assert caplog.messages == [
+        "decoder=transformer selects attention=multihead, optim=transformer_adam (conf/decoder/transformer.yaml)"]
