@@ -1,7 +1,7 @@
 """The decoding defaults of the Python API and the commands' options: one copy of each fact.
 
 A run's values come from its config (conf/eval/default.yaml's beam_size and max_len, the same numbers:
-tests/config/test_defaults.py holds the two together); `Captioner.generate`, `captioning.load(...).caption`,
+tests/config/test_one_default_per_fact.py holds the two together); `Captioner.generate`, `captioning.load(...).caption`,
 the exported-model runner and the commands' --beam-size / --max-len read these. Plain ints, no imports: the
 torch-free runner (captioning/export/runner.py) reads them too.
 """
