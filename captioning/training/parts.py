@@ -17,8 +17,8 @@ from captioning.models.captioner import Captioner
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """How the training split is read: `dataset.batch_size`, `batch_unit`, `length_buckets`, `num_workers` (their
-    defaults: conf/dataset/_base.yaml's)."""
+    """How the training split is read: `dataset.batch_size`, `batch_unit`, `length_buckets`, `num_workers`
+    (their defaults: conf/dataset/_base.yaml's)."""
 
     batch_size: int
     batch_unit: str  # images | captions
