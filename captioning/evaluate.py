@@ -56,9 +56,10 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
     validate_evaluate_config(cfg)  # a typo, bad value or missing checkpoint fails here, naming the key
     device = resolve_device(cfg.device)
+    ev = EvalSettings.of(cfg.eval)
     model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
-    compile_decoding(model, bool(cfg.eval.get("compile", False)))
-    select_attention_map(model, cfg.eval.get("attention_layer"), cfg.eval.get("attention_head"))
+    compile_decoding(model, ev.compile)
+    select_attention_map(model, ev.attention_layer, ev.attention_head)
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
     features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])
@@ -67,7 +68,6 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         within = None if cfg.get("dataset") is not None else Path(cfg.data_dir)
         _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
                                  features=features, checkpoint_data=within)
-        ev = EvalSettings.of(cfg.eval)
         instances = load_instances(ev.instances, data[ev.split])  # a wrong file fails before the long decode
         metrics = evaluate_split(model, data[ev.split], ev, out_dir, instances)
     assert metrics is not None  # one process decodes and scores the whole split

@@ -26,6 +26,7 @@ from captioning.base.lock import LOCK_NAME
 from captioning.checkpoint import check_checkpoint_file, read_checkpoint, same_model
 from captioning.checkpoint.moved import moved_override
 from captioning.cli import EXPECTED_ERRORS, no_unused_folder, run_cli, stopped
+from captioning.config.choices import implied_choices
 from captioning.config.help import bare_help
 from captioning.config.overrides import check_overrides
 from captioning.runtime import CONF_DIR
@@ -111,6 +112,7 @@ def hydra_main(cfg: DictConfig) -> float:
     from captioning.training.stop import TrainingDiverged, TrainingInterrupted
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    log_implied_choices()
     with open_dict(cfg):  # stored in checkpoints: evaluation and the notebook then find the data from any folder
         cfg.data_dir = str(Path(cfg.data_dir).absolute())
 
@@ -127,6 +129,17 @@ def hydra_main(cfg: DictConfig) -> float:
     except TrainingInterrupted as stop:  # `captioning-train: stopped by Ctrl-C (SIGINT) in epoch ...`
         stopped(PROG, f"{stop}; continue it with: {continue_command(out_dir)}")
     return float(metrics[f"val_{cfg.trainer.monitor}"])
+
+
+def log_implied_choices() -> None:
+    """Say which group choices also chose other groups or set their keys (decoder=transformer selects
+    attention=multihead, optim=transformer_adam): in the console and the run's train.log (rank 0 only)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    hydra_cfg = HydraConfig.get()
+    chosen = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
+    for line in implied_choices(hydra_cfg.runtime.choices, CONF_DIR, chosen):
+        logger.info(line)
 
 
 def continue_command(out_dir: Path) -> str:

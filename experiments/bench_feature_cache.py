@@ -73,7 +73,7 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     vgg = args.encoder.startswith("vgg")
-    enc = {"_target_": f"captioning.models.encoder.{'VGGEncoder' if vgg else 'ResNetEncoder'}", "arch": args.encoder,
+    enc = {"_target_": "vgg" if vgg else "resnet", "arch": args.encoder,
            "pretrained": False, "fine_tune": "none", "image_size": args.image_size,
            **({} if vgg else {"grid_size": 14})}
     model_cfg = {"encoder": enc,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
@@ -25,19 +26,25 @@ HAS_JAVA = shutil.which("java") is not None
 BIN = str(Path(sys.executable).parent)  # PATH for in-process and subprocess runs: the .venv's scripts, no `java`
 needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 
-# The tiny encoder: a SmallCNN of two conv blocks (8 and 16 channels) and two 2x2 pools (32 px -> 8 x 8 grid),
-# as a spec's values and as Hydra overrides.
-TINY_CHANNELS = [8, 16]
-TINY_POOLS = 2
+# The tiny run's sizes are conf/debug/'s (`debug=tiny`, one copy): the tiny encoder, a SmallCNN of two conv blocks
+# (8 and 16 channels) and two 2x2 pools (32 px -> 8 x 8 grid), as a spec's values and as Hydra overrides (for a
+# test that builds it without debug=tiny).
+def _debug(part: str) -> dict:
+    return yaml.safe_load((CONF_DIR / "debug" / f"{part}.yaml").read_text())
+
+
+_TINY_ENCODER, _TINY_ATTENTION, _TINY_DECODER = (_debug("encoder/tiny_small_cnn"), _debug("attention/tiny_soft"),
+                                                 _debug("decoder/tiny_sat"))
+TINY_CHANNELS: list[int] = _TINY_ENCODER["channels"]
+TINY_POOLS: int = _TINY_ENCODER["num_pools"]
 TINY_ENCODER = [f"encoder.channels=[{','.join(map(str, TINY_CHANNELS))}]", f"encoder.num_pools={TINY_POOLS}"]
 
-# A captioner small enough for a test to build and train in seconds (8x8 grid for 32 px images).
+# A captioner small enough for a test to build and train in seconds (8x8 grid for 32 px images): debug=tiny's
+# model (soft attention, the Show-Attend-Tell decoder) without dropout.
 TINY_MODEL = {
-    "encoder": {"_target_": "small_cnn", "channels": list(TINY_CHANNELS),
-                "num_pools": TINY_POOLS},
-    "attention": {"_target_": "soft", "attention_dim": 16},
-    "decoder": {"_target_": "sat", "embed_dim": 16, "hidden_dim": 32,
-                "dropout": 0.0},
+    "encoder": {"_target_": "small_cnn", **_TINY_ENCODER},
+    "attention": {"_target_": "soft", **_TINY_ATTENTION},
+    "decoder": {"_target_": "sat", **_TINY_DECODER, "dropout": 0.0},
 }
 
 
@@ -126,21 +133,11 @@ def assert_every_parameter_learns(model: nn.Module) -> None:
     assert not leaks, f"a gradient on entries that cancel in a softmax: {leaks}"
 
 
-def tiny_overrides(root: str | os.PathLike, *extra: str, sizes: tuple[int, int, int] = (48, 12, 12),
-                   batch_size: int = 8, object_scale: float | None = 1.0, epochs: int | None = None,
-                   num_figures: int = 1) -> list[str]:
-    """Hydra overrides of a tiny training run on a `shapes` set of 32 px images generated under `root` (seed 1),
-    then `extra`: `sizes` = (train, val, test) images; `object_scale` None keeps the config's; `epochs` None
-    keeps trainer.max_epochs. The tiny model of TINY_MODEL (attention_dim 16 unless `extra` picks an attention),
-    no progress bar, BLEU and CIDEr. The defaults are the `shapes_json` fixture's set (seconds per epoch)."""
-    num_train, num_val, num_test = sizes
-    small_attention = [] if any(o.startswith("attention=") for o in extra) else ["attention.attention_dim=16"]
-    return [f"dataset.root={root}", f"dataset.generate.num_train={num_train}", f"dataset.generate.num_val={num_val}",
-            f"dataset.generate.num_test={num_test}", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            *([] if object_scale is None else [f"dataset.generate.object_scale={object_scale}"]), *small_attention,
-            f"dataset.batch_size={batch_size}", *TINY_ENCODER, "decoder.embed_dim=16", "decoder.hidden_dim=32",
-            "trainer.progress=false", *([] if epochs is None else [f"trainer.max_epochs={epochs}"]),
-            "eval.metrics=[bleu,cider]", f"eval.num_figures={num_figures}", *extra]
+def tiny_overrides(root: str | os.PathLike, *extra: str) -> list[str]:
+    """Hydra overrides of the tiny training run (`debug=tiny`, conf/debug/tiny.yaml: 48 / 12 / 12 `shapes` images of
+    32 px generated under `root` with seed 1, the tiny model, no progress bar, BLEU and CIDEr), then `extra`. Its data
+    set is the `shapes_json` fixture's (seconds per epoch)."""
+    return ["debug=tiny", f"dataset.root={root}", *extra]
 
 
 def compose_tiny_train(shapes_json: Path, *overrides: str) -> DictConfig:

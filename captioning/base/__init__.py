@@ -3,6 +3,7 @@
     constraints.py  `Annotated[int, Range(ge=1)]`: a constraint written once, in the signature; `@constrained`
     signature.py    binding a group's keys to a signature without calling it (the config checker and the registry)
     tokens.py       the special tokens and their ids (the vocabulary and decoding)
+    decoding.py     the decoding defaults (beam size, most words) of the API and the commands
     moved.py        config keys that moved, mapped once (old command lines and checkpoints still work)
     files.py        the one file writer: atomic (temporary file, fsync, rename); a failed write loses nothing and
                     raises one line naming the file

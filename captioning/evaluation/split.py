@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+import yaml
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -25,34 +28,51 @@ from captioning.metrics import attention_correctness, caption_diversity, score_c
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.captioner import Captioner, selects_regions
 from captioning.reporting.items import Prediction
+from captioning.runtime import CONF_DIR
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """The `eval` config section: which split, how it is decoded, what is scored and written."""
+    """The `eval` config section: which split, how it is decoded, what is scored and written. No defaults of its
+    own: the values are conf/eval/default.yaml's (`EvalSettings.shipped()`), or a composed config's (`of`)."""
 
-    split: str = "test"
-    beam_size: int = 3
-    max_len: int = 20
-    length_penalty: float = 0.0
-    batch_size: int = 50
-    metrics: tuple[str, ...] = ("bleu", "meteor", "rouge", "cider")
-    num_figures: int = 4
-    report: bool = True  # report.html and attention.npz
-    instances: str | None = None  # COCO instances file: attention correctness on its masks
-    compile: bool = False  # decode through a compiled decoder step
-    attention_layer: int | None = None  # decoder=transformer: the cross-attention layer figures read (None: its own)
-    attention_head: int | None = None  # ... and one head of it (None: the decoder's choice)
+    split: str
+    beam_size: int
+    max_len: int
+    length_penalty: float
+    batch_size: int
+    metrics: tuple[str, ...]
+    num_figures: int
+    report: bool  # report.html and attention.npz
+    instances: str | None  # COCO instances file: attention correctness on its masks
+    compile: bool  # decode through a compiled decoder step
+    attention_layer: int | None  # decoder=transformer: the cross-attention layer figures read (None: its own)
+    attention_head: int | None  # ... and one head of it (None: the decoder's choice)
 
     @classmethod
     def of(cls, ev: Any) -> EvalSettings:
-        """From an `eval` config section (a DictConfig or a mapping)."""
+        """From an `eval` config section (a DictConfig). A key added after the first release (report, instances,
+        compile, attention_layer, attention_head) that an older section lacks takes conf/eval/default.yaml's value."""
+        def later(key: str) -> Any:
+            return ev[key] if key in ev else shipped_eval()[key]
+
         return cls(str(ev.split), int(ev.beam_size), int(ev.max_len), float(ev.length_penalty),
-                   int(ev.batch_size), tuple(ev.metrics), int(ev.num_figures), bool(ev.get("report", True)),
-                   ev.get("instances") or None, bool(ev.get("compile", False)), ev.get("attention_layer"),
-                   ev.get("attention_head"))
+                   int(ev.batch_size), tuple(ev.metrics), int(ev.num_figures), bool(later("report")),
+                   later("instances") or None, bool(later("compile")), later("attention_layer"),
+                   later("attention_head"))
+
+    @classmethod
+    def shipped(cls, **changes: Any) -> EvalSettings:
+        """conf/eval/default.yaml's settings, with `changes` (as `eval.KEY=VALUE` overrides would make them)."""
+        return replace(cls.of(OmegaConf.create(shipped_eval())), **changes)
+
+
+@cache
+def shipped_eval() -> dict[str, Any]:
+    """conf/eval/default.yaml as shipped: the one copy of the eval defaults."""
+    return cast(dict[str, Any], yaml.safe_load((CONF_DIR / "eval" / "default.yaml").read_text(encoding="utf-8")))
 
 
 Decode = Callable[[Captioner, CaptionDataset, EvalSettings], "Sequence[Prediction] | None"]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.data.images import load_image
 from captioning.data.vocab import Vocabulary
 from captioning.export import preprocess
@@ -126,7 +127,7 @@ class Runner:
         """The part of the image the encoder sees (after its resize and crop): what attention maps cover."""
         return preprocess.view(image, self.manifest.preprocess["steps"])
 
-    def caption(self, images: Sequence[ImageInput], beam_size: int = 3, max_len: int = 20,
+    def caption(self, images: Sequence[ImageInput], beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
                 length_penalty: float = 0.0, batch_size: int = 32) -> list[Caption]:
         """Caption images (paths or PIL images) as `Captioner.generate` does: greedy for beam 1, else beam search."""
         out: list[Caption] = []
@@ -135,7 +136,7 @@ class Runner:
             out += self.caption_pixels(batch, beam_size, max_len, length_penalty)
         return out
 
-    def caption_pixels(self, images: np.ndarray, beam_size: int = 3, max_len: int = 20,
+    def caption_pixels(self, images: np.ndarray, beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
                        length_penalty: float = 0.0) -> list[Caption]:
         """Caption preprocessed images (B, 3, H, W) in one batch."""
         h, w = self.manifest.grid

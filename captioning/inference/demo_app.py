@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from PIL import Image
 
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.base.messages import one_line
 from captioning.data.images import ImageError, load_image
 from captioning.inference.demo_page import MB, render_demo_page, result_payload, too_large_message
@@ -61,8 +62,8 @@ class DemoServer(BoundedHTTPServer):
     """The demo's HTTP server: the model, its decoding options, the page, the lock that serialises decoding and the
     slots of the uploads in the model's line (the one decoding and those waiting)."""
 
-    def __init__(self, model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = 3,
-                 alternatives: int = 3, max_len: int = 20, max_upload_bytes: int = 20 * MB,
+    def __init__(self, model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = BEAM_SIZE,
+                 alternatives: int = 3, max_len: int = MAX_LEN, max_upload_bytes: int = 20 * MB,
                  limits: ServerLimits | None = None):
         self.model, self.beam_size, self.alternatives, self.max_len = model, beam_size, alternatives, max_len
         self.max_upload_bytes = max_upload_bytes
@@ -108,8 +109,8 @@ class DemoServer(BoundedHTTPServer):
         return result_payload(result)
 
 
-def make_server(model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = 3,
-                alternatives: int = 3, max_len: int = 20, max_upload_bytes: int = 20 * MB,
+def make_server(model: CaptionModel, host: str = "127.0.0.1", port: int = 0, beam_size: int = BEAM_SIZE,
+                alternatives: int = 3, max_len: int = MAX_LEN, max_upload_bytes: int = 20 * MB,
                 limits: ServerLimits | None = None) -> DemoServer:
     """The demo server bound to host:port (0: a free port), not yet serving: call `serve_forever()` (in a thread
     for tests, then `shutdown()` and `server_close()`)."""

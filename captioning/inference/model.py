@@ -26,6 +26,7 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
 from captioning.factory.load import load_model
@@ -98,7 +99,7 @@ class CaptionModel:
     def caption(self, images: Sequence[ImageInput], beam_size: int = ..., max_len: int = ..., batch_size: int = ...,
                 alternatives: int = ..., length_penalty: float = ...) -> list[CaptionResult]: ...
 
-    def caption(self, images: ImageInput | Sequence[ImageInput], beam_size: int = 3, max_len: int = 20,
+    def caption(self, images: ImageInput | Sequence[ImageInput], beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
                 batch_size: int = 16, alternatives: int = 0,
                 length_penalty: float = 0.0) -> CaptionResult | list[CaptionResult]:
         """Caption one image (a path or a PIL image) or a list of them, `batch_size` images per forward pass.
@@ -119,8 +120,8 @@ class CaptionModel:
         return results[0] if single else results
 
     @torch.no_grad()
-    def caption_batch(self, images: Sequence[Image.Image], sources: Sequence[str], beam_size: int = 3,
-                      max_len: int = 20, alternatives: int = 0,
+    def caption_batch(self, images: Sequence[Image.Image], sources: Sequence[str], beam_size: int = BEAM_SIZE,
+                      max_len: int = MAX_LEN, alternatives: int = 0,
                       length_penalty: float = 0.0) -> list[CaptionResult]:
         """Caption images already read (RGB), in one forward pass per input size; results in the given order."""
         if alternatives < 0:

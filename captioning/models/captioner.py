@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.models.attention import HardAttention
 from captioning.models.decoders.base import Decoder, DecoderOutput
 from captioning.models.decoding import Decoded, beam_search, greedy_decode
@@ -54,7 +55,7 @@ class Captioner(nn.Module):
         return self.decoder(a, captions, image_index, grid=grid, lengths=lengths)
 
     @torch.no_grad()
-    def generate(self, images: torch.Tensor, beam_size: int = 3, max_len: int = 20,
+    def generate(self, images: torch.Tensor, beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
                  length_penalty: float = 0.0, n_best: int = 1) -> tuple[Decoded, tuple[int, int]]:
         """Caption a batch of images (or cached annotations); returns the captions and the attention grid (h, w).
 

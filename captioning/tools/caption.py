@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 from tqdm import tqdm
 
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.base.messages import one_line, printable
 from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, positive_int, run_cli, writable_dir, writable_file
@@ -228,8 +229,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--split", default="test", help="the split of a Karpathy file (default: test)")
     p.add_argument("--image-root", type=Path, help="the folder of the annotation file's images")
     p.add_argument("--id-map", type=Path, help="JSON object: file name (or path as given) -> integer image id")
-    p.add_argument("--beam-size", type=positive_int, default=3)
-    p.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
+    p.add_argument("--beam-size", type=positive_int, default=BEAM_SIZE)
+    p.add_argument("--max-len", type=positive_int, default=MAX_LEN, help="most words per caption (>= 1)")
     p.add_argument("--alternatives", type=_alternatives, default=0, metavar="N",
                    help="also record the N best captions of the beam search (0-20; in --jsonl)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")

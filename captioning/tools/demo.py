@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import captioning
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, positive_int, run_cli
 from captioning.inference.demo_app import PROG, make_server
@@ -93,9 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=port_number, default=8000, help="0: a free port (the URL is printed)")
-    parser.add_argument("--beam-size", type=positive_int, default=3)
+    parser.add_argument("--beam-size", type=positive_int, default=BEAM_SIZE)
     parser.add_argument("--alternatives", type=count, default=3, help="captions of the beam to list (>= 0)")
-    parser.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
+    parser.add_argument("--max-len", type=positive_int, default=MAX_LEN, help="most words per caption (>= 1)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-upload-mb", type=positive_int, default=20, help="largest image file accepted")
     bounds = parser.add_argument_group("limits", "what one client or a burst may hold, for a page shared with --host")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.cli import ArgumentParser, positive_int, run_cli
 from captioning.data.images import ImageError
 from captioning.export.runner import Runner
@@ -49,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             epilog=f"example: {PROG} exported/ photo.jpg other.png --beam-size 3")
     parser.add_argument("folder", type=Path, help="the export folder (holds captioning.json)")
     parser.add_argument("images", nargs="+", type=Path)
-    parser.add_argument("--beam-size", type=positive_int, default=3)
-    parser.add_argument("--max-len", type=positive_int, default=20, help="most words per caption (>= 1)")
+    parser.add_argument("--beam-size", type=positive_int, default=BEAM_SIZE)
+    parser.add_argument("--max-len", type=positive_int, default=MAX_LEN, help="most words per caption (>= 1)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
     parser.add_argument("--threads", type=positive_int, default=None, help="ONNX Runtime intra-op threads")
     args = parser.parse_args(argv)

@@ -17,18 +17,19 @@ from captioning.models.captioner import Captioner
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """How the training split is read: `dataset.batch_size`, `batch_unit`, `length_buckets`, `num_workers`."""
+    """How the training split is read: `dataset.batch_size`, `batch_unit`, `length_buckets`, `num_workers`
+    (their defaults: conf/dataset/_base.yaml's)."""
 
     batch_size: int
-    batch_unit: str = "images"  # images | captions
-    length_buckets: int | None = None
-    num_workers: int = 0
+    batch_unit: str  # images | captions
+    length_buckets: int | None
+    num_workers: int
 
     @classmethod
     def of(cls, dataset: Any) -> LoaderSettings:
-        """From a `dataset` config section."""
-        return cls(int(dataset.batch_size), str(dataset.get("batch_unit", "images")),
-                   dataset.get("length_buckets"), int(dataset.get("num_workers", 0)))
+        """From a `dataset` config section (length_buckets, which a data set file may leave out: none)."""
+        return cls(int(dataset.batch_size), str(dataset.batch_unit), dataset.get("length_buckets"),
+                   int(dataset.num_workers))
 
 
 @dataclass

@@ -130,17 +130,18 @@ def test_a_caption_equal_to_a_reference_scores_full_bleu_and_a_wrong_one_nothing
 # ------------------------------------------------------------------------------------------------
 def test_eval_settings_read_an_eval_config():
     shipped = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
-    assert EvalSettings.of(shipped) == EvalSettings()
+    assert EvalSettings.of(shipped) == EvalSettings.shipped()
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(EvalSettings))  # the YAML's, no others
     cfg = OmegaConf.merge(shipped, {"split": "val", "beam_size": "5", "max_len": 12, "length_penalty": 1,
                                     "batch_size": 7, "metrics": ["bleu", "cider"], "num_figures": "0",
                                     "report": False, "instances": "instances.json", "compile": True})
     ev = EvalSettings.of(cfg)
-    assert ev == EvalSettings("val", 5, 12, 1.0, 7, ("bleu", "cider"), 0, False, "instances.json", True)
+    assert ev == EvalSettings("val", 5, 12, 1.0, 7, ("bleu", "cider"), 0, False, "instances.json", True, None, None)
     assert isinstance(ev.beam_size, int) and isinstance(ev.length_penalty, float) and isinstance(ev.metrics, tuple)
-    # keys an older config lacks take their defaults; an empty instances path is none
+    # keys an older config lacks take the shipped YAML's values; an empty instances path is none
     older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(shipped).items()
                               if k not in ("report", "instances", "compile")})
-    assert EvalSettings.of(older) == EvalSettings()
+    assert EvalSettings.of(older) == EvalSettings.shipped()
     assert EvalSettings.of(OmegaConf.merge(shipped, {"instances": ""})).instances is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         ev.beam_size = 3  # type: ignore[misc]
@@ -166,8 +167,8 @@ def test_eval_settings_refuse_a_section_without_a_required_key():
 # ------------------------------------------------------------------------------------------------
 def test_evaluate_split_writes_the_scores_it_returns(split, tmp_path):
     model, ds = split
-    ev = EvalSettings(split="test", beam_size=2, max_len=6, batch_size=5, metrics=METRICS, num_figures=1,
-                      report=False)
+    ev = EvalSettings.shipped(split="test", beam_size=2, max_len=6, batch_size=5, metrics=METRICS, num_figures=1,
+                              report=False)
     metrics = evaluate_split(model, ds, ev, tmp_path / "out", before={"epochs": 3}, after={"seconds": 1.5})
     preds = decode_split(model, ds, beam_size=2, max_len=6, batch_size=5, progress=False)
     scores = score_predictions(preds, ds, METRICS)
@@ -190,7 +191,7 @@ def test_evaluate_split_writes_the_scores_it_returns(split, tmp_path):
 
 def test_evaluate_split_scores_what_its_decode_gives_and_nothing_where_it_gives_none(split, tmp_path):
     model, ds = split
-    ev = EvalSettings(beam_size=1, metrics=METRICS, num_figures=0, report=False)
+    ev = EvalSettings.shipped(beam_size=1, metrics=METRICS, num_figures=0, report=False)
     seen = []
 
     def references(m, d, e):  # each image captioned with its first reference, as a tuple

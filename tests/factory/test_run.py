@@ -16,8 +16,8 @@ from captioning.training.parts import LoaderSettings
 def test_the_eval_settings_defaults_are_the_configs():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train")
-    assert EvalSettings.of(cfg.eval) == EvalSettings()  # one default per fact: conf/eval/default.yaml's
-    assert LoaderSettings.of(cfg.dataset).batch_unit == LoaderSettings(batch_size=1).batch_unit
+    assert EvalSettings.of(cfg.eval) == EvalSettings.shipped()  # one default per fact: conf/eval/default.yaml's
+    assert LoaderSettings.of(cfg.dataset) == LoaderSettings(32, "images", None, 0)  # conf/dataset/shapes.yaml's
 
 
 def test_build_run_gives_the_trainer_every_part(shapes_json, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_ENCODER
+from fixtures import tiny_overrides
 from PIL import Image
 from pycocotools import mask as mask_utils
 from torchvision import transforms as T
@@ -296,11 +296,7 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
     from captioning.runtime import CONF_DIR
     from captioning.train import train
 
-    train_overrides = [f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
-                       "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
-                       "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "attention.attention_dim=16",
-                       "dataset.batch_size=8", *TINY_ENCODER, "decoder.embed_dim=16",
-                       "decoder.hidden_dim=32", "trainer.progress=false", "eval.metrics=[bleu]", "eval.num_figures=0",
+    train_overrides = [*tiny_overrides(Path(shapes_json).parent), "eval.metrics=[bleu]", "eval.num_figures=0",
                        # long enough for the test captions to name shapes: the last of 8 epochs names 18 (4 epochs
                        # named 13 with dense teacher forcing, none with real words only: other dropout draws; with
                        # the default exponential schedule the best checkpoint names none)

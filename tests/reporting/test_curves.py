@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
-from fixtures import TINY_ENCODER
-from hydra import compose, initialize_config_dir
+from fixtures import compose_tiny_train
 from PIL import Image
 from test_html_report import _items
 
 from captioning.reporting.curves import SAME_LOSS_LABEL, curves_figure, load_history, panel_lines, plot_history
 from captioning.reporting.html import render_report, write_report
-from captioning.runtime import CONF_DIR
 from captioning.train import train
-
-CONF = str(CONF_DIR)
 
 HISTORY = [{"epoch": e, "step": 10 * e, "loss": 4.0 / e, "nll": 3.5 / e, "token_nll": 1.0, "attention_reg": 0.1,
             "val_Bleu_4": 0.05 * e, "val_CIDEr": 0.2 * e} for e in range(1, 5)]
@@ -97,13 +92,7 @@ def test_report_embeds_the_curves_when_present(tmp_path):
 
 
 def test_training_run_writes_curves_and_report(shapes_json, tmp_path):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("train", overrides=[
-            f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
-            "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.generate.object_scale=1.0", "attention.attention_dim=16", "dataset.batch_size=8",
-            *TINY_ENCODER, "decoder.embed_dim=16", "decoder.hidden_dim=32",
-            "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "trainer.max_epochs=2"])
+    cfg = compose_tiny_train(shapes_json, "eval.num_figures=0", "trainer.max_epochs=2")
     train(cfg, tmp_path)
     history = json.loads((tmp_path / "history.json").read_text())
     # the run's curves.png is drawn from this figure: cross-entropy with the default attention_weight 0 has loss == nll

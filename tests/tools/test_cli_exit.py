@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import TINY_ENCODER, TINY_MODEL
+from fixtures import TINY_MODEL
 from PIL import Image
 
 from captioning.checkpoint import save_checkpoint
@@ -20,13 +20,9 @@ from captioning.factory.models import build_captioner
 
 BIN = Path(sys.executable).parent
 TRAIN_PY = Path(__file__).resolve().parents[2] / "captioning" / "train.py"
-# The tiny shapes set of conftest.shapes_json (reused, not regenerated) and a tiny model: seconds per run.
-TINY_SHAPES = ["dataset.generate.num_train=48", "dataset.generate.num_val=12", "dataset.generate.num_test=12",
-               "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.generate.object_scale=1.0",
-               "dataset.batch_size=8", "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=1",
-               "device=cpu"]
-TINY_TRAIN = [*TINY_ENCODER, "attention.attention_dim=16", "decoder.embed_dim=16",
-              "decoder.hidden_dim=32", "trainer.max_epochs=1"]
+# The tiny run (debug=tiny) on the shapes set of conftest.shapes_json (reused, not regenerated): seconds per run.
+TINY_SHAPES = ["debug=tiny", "device=cpu"]
+TINY_TRAIN = ["trainer.max_epochs=1"]
 FROZEN_RESNET = ["encoder=resnet50", "encoder.arch=resnet18", "encoder.pretrained=false", "encoder.fine_tune=none",
                  "encoder.image_size=32", "encoder.grid_size=2"]
 
@@ -103,7 +99,7 @@ def test_extract_features_exit_status(shapes_json, tmp_path):
 
 @pytest.mark.integration
 def test_prepare_exit_status(shapes_json, tmp_path):
-    common = [f"dataset.root={shapes_json.parent}", *TINY_SHAPES[:6], f"dataset.prepared={tmp_path / 'prepared'}"]
+    common = [f"dataset.root={shapes_json.parent}", "debug=tiny", f"dataset.prepared={tmp_path / 'prepared'}"]
     proc = run("captioning-prepare", *common, cwd=tmp_path)
     assert_ok(proc)
     summary = json.loads(proc.stdout)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import tiny_overrides
 from hydra import compose, initialize_config_dir
 
 from captioning.evaluation.split import decode_split, score_predictions
@@ -38,22 +39,16 @@ PER_RANK_BATCH = 4
 
 
 def _overrides(shapes_json: Path, *extra: str) -> list[str]:
-    return [f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
-            "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
-            "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "dataset.captions_per_image=null",
-            "encoder.channels=[]", "encoder.num_pools=0", "attention.attention_dim=16", "decoder.embed_dim=16",
-            "decoder.hidden_dim=32", "decoder.dropout=0.0", "optim.lr=0.01", "trainer.progress=false",
-            "trainer.max_epochs=1", "eval.metrics=[bleu,cider]", "eval.num_figures=1", *extra]
+    return tiny_overrides(Path(shapes_json).parent, "dataset.captions_per_image=null", "encoder.channels=[]",
+                          "encoder.num_pools=0", "decoder.dropout=0.0", "optim.lr=0.01", "trainer.max_epochs=1", *extra)
 
 
-TRANSFORMER = ("decoder=transformer", "decoder.d_model=16", "decoder.num_heads=2", "decoder.ff_dim=32",
-               "decoder.encoder_layers=1", "attention.num_heads=2", "attention.head_dim=8")
+TRANSFORMER = ("decoder=transformer", "decoder.encoder_layers=1")
 
 
 def _transformer(overrides: list[str]) -> list[str]:
-    """The same run with decoder=transformer (its own sizes instead of the LSTM decoders')."""
-    lstm = ("attention.attention_dim=", "decoder.embed_dim=", "decoder.hidden_dim=")
-    return [o for o in overrides if not o.startswith(lstm)] + list(TRANSFORMER)
+    """The same run with decoder=transformer (debug=tiny's sizes of it, conf/debug/decoder/tiny_transformer.yaml)."""
+    return [*overrides, *TRANSFORMER]
 
 
 def _free_port() -> int:

@@ -13,16 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures import TINY_ENCODER
+from fixtures import tiny_overrides
 
 pytestmark = pytest.mark.integration  # every test here starts a subprocess
 
 BIN = Path(sys.executable).parent
-TINY = ["dataset.generate.num_train=48", "dataset.generate.num_val=12", "dataset.generate.num_test=12",
-        "dataset.generate.image_size=32", "dataset.generate.seed=1", "dataset.generate.object_scale=1.0",
-        "dataset.batch_size=4", *TINY_ENCODER,
-        "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
-        "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false", "device=cpu"]
+TINY = ["dataset.batch_size=4", "eval.num_figures=0", "eval.report=false", "device=cpu"]  # and debug=tiny
 
 
 def _env() -> dict[str, str]:
@@ -31,7 +27,7 @@ def _env() -> dict[str, str]:
 
 def test_ctrl_c_saves_the_run_and_the_printed_command_continues_it(shapes_json, tmp_path):
     run = tmp_path / "run"
-    cmd = [str(BIN / "captioning-train"), f"dataset.root={shapes_json.parent}", *TINY, "trainer.max_epochs=40",
+    cmd = [str(BIN / "captioning-train"), *tiny_overrides(shapes_json.parent, *TINY), "trainer.max_epochs=40",
            "trainer.patience=40", f"hydra.run.dir={run}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

@@ -8,27 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import TINY_ENCODER
-from hydra import compose, initialize_config_dir
+from fixtures import compose_tiny_train
 
 from captioning.data.dataset import collate
 from captioning.factory.run import build_trainer
-from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training.precision import autocast_dtype
 
-CONF = str(CONF_DIR)
-
 
 def _cfg(shapes_json: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("train", overrides=[
-            f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
-            "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
-            "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "dataset.batch_size=8",
-            *TINY_ENCODER, "attention.attention_dim=16", "decoder.embed_dim=16",
-            "decoder.hidden_dim=32", "decoder.dropout=0.0", "trainer.progress=false", "trainer.max_epochs=1",
-            "eval.metrics=[bleu,cider]", "eval.num_figures=0", "device=cpu", *overrides])
+    return compose_tiny_train(shapes_json, "decoder.dropout=0.0", "trainer.max_epochs=1", "eval.num_figures=0",
+                              "device=cpu", *overrides)
 
 
 def _batch(trainer):

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import BIN, TINY_ENCODER
+from fixtures import BIN, tiny_overrides
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -92,15 +92,11 @@ def compose_train(*overrides: str) -> Any:
 
 
 def tiny(root: Path, *extra: str) -> list[str]:
-    """Overrides of a tiny 4-epoch run on a 24/4/4-image shapes set under `root`."""
-    sizes = (["attention.num_heads=2", "attention.head_dim=8", "decoder.d_model=16", "decoder.num_heads=2",
-              "decoder.ff_dim=32"] if "decoder=transformer" in extra else
-             ["attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32"])
-    return [f"dataset.root={root}", "dataset.generate.num_train=24", "dataset.generate.num_val=4",
-            "dataset.generate.num_test=4", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.batch_size=4", *TINY_ENCODER, *sizes, "trainer.progress=false", f"trainer.max_epochs={EPOCHS}",
-            "eval.metrics=[bleu,cider]", "eval.beam_size=2", "eval.num_figures=0", "eval.report=false",
-            "device=cpu", *extra]
+    """Overrides of a tiny 4-epoch run (debug=tiny: its model, whichever decoder) on a 24/4/4-image shapes set under
+    `root`."""
+    return tiny_overrides(root, "dataset.generate.num_train=24", "dataset.generate.num_val=4",
+                          "dataset.generate.num_test=4", "dataset.batch_size=4", f"trainer.max_epochs={EPOCHS}",
+                          "eval.beam_size=2", "eval.num_figures=0", "eval.report=false", "device=cpu", *extra)
 
 
 pytestmark = pytest.mark.usefixtures("quick_scoring", "one_thread")  # tests/training/conftest.py
@@ -124,10 +120,9 @@ def reference(data_root, tmp_path_factory):
 
 
 # soft; hard with the expected-context coin tossed per batch (p = 0.5) and dropout on: every stream is used
-ATTENTION = {"soft": ["attention=soft", "attention.attention_dim=16"],
-             "hard": ["attention=hard", "attention.attention_dim=16", "attention.expected_context_prob=0.5",
-                      "decoder.dropout=0.3"],
-             "soft_buckets": ["attention=soft", "attention.attention_dim=16", "dataset.length_buckets=2"],
+ATTENTION = {"soft": ["attention=soft"],
+             "hard": ["attention=hard", "attention.expected_context_prob=0.5", "decoder.dropout=0.3"],
+             "soft_buckets": ["attention=soft", "dataset.length_buckets=2"],
              # the compared decoders, dropout on; the Transformer with its per-step warm-up schedule
              "updown": ["decoder=updown", "attention=soft", "decoder.dropout=0.3"],
              "transformer": ["decoder=transformer", "decoder.dropout=0.3", "decoder.encoder_layers=1",

@@ -11,14 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures import TINY_ENCODER
-from hydra import compose, initialize_config_dir
+from fixtures import compose_tiny_train
 
-from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training.run_folder import LOCK_NAME, RunFolder, RunFolderError
 
-CONF = str(CONF_DIR)
 BIN = Path(sys.executable).parent
 # A process that holds a run folder's lock until it is killed (prints "locked" once it holds it).
 HOLDER = """
@@ -32,13 +29,8 @@ time.sleep(600)
 
 
 def _cfg(shapes_json: Path, *extra: str):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("train", overrides=[
-            f"dataset.root={shapes_json.parent}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
-            "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.generate.object_scale=1.0", "dataset.batch_size=8", *TINY_ENCODER, "attention.attention_dim=16",
-            "decoder.embed_dim=16", "decoder.hidden_dim=32", "trainer.max_epochs=1", "trainer.progress=false",
-            "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false", "device=cpu", *extra])
+    return compose_tiny_train(shapes_json, "trainer.max_epochs=1", "eval.num_figures=0", "eval.report=false",
+                              "device=cpu", *extra)
 
 
 def _digest(path: Path) -> str:

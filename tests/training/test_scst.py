@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_ENCODER, TINY_MODEL
+from fixtures import TINY_ENCODER, TINY_MODEL, tiny_overrides
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
@@ -359,13 +359,8 @@ def test_cached_annotations_and_bf16(tiny):
 
 # -- end to end ---------------------------------------------------------------------------------------------------
 def _tiny_run(shapes_json, *extra):
-    return _compose(f"dataset.root={Path(shapes_json).parent}", "dataset.generate.num_train=48",
-                    "dataset.generate.num_val=12", "dataset.generate.num_test=12", "dataset.generate.image_size=32",
-                    "dataset.generate.seed=1", "dataset.generate.object_scale=1.0", "dataset.batch_size=8",
-                    *TINY_ENCODER,
-                    "attention.attention_dim=16", "decoder.embed_dim=16", "decoder.hidden_dim=32",
-                    "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.report=false",
-                    "device=cpu", *extra)
+    return _compose(*tiny_overrides(Path(shapes_json).parent, "eval.num_figures=0", "eval.report=false", "device=cpu",
+                                    *extra))
 
 
 def test_scst_run_from_a_cross_entropy_checkpoint(shapes_json, tmp_path, monkeypatch):

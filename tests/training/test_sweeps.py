@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import TINY_ENCODER
+from fixtures import tiny_overrides
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep
@@ -24,13 +24,8 @@ CONF = str(CONF_DIR)
 
 
 def _tiny(root):
-    """Overrides for a model and data set (generated under `root`) small enough that a run takes seconds (as in
-    test_training.py)."""
-    return [f"dataset.root={root}", "dataset.generate.num_train=48", "dataset.generate.num_val=12",
-            "dataset.generate.num_test=12", "dataset.generate.image_size=32", "dataset.generate.seed=1",
-            "dataset.generate.object_scale=1.0", "attention.attention_dim=16", "dataset.batch_size=8",
-            *TINY_ENCODER, "decoder.embed_dim=16", "decoder.hidden_dim=32",
-            "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=0", "trainer.max_epochs=1"]
+    """Overrides of the tiny run (debug=tiny) on a data set generated under `root`: a run takes seconds."""
+    return tiny_overrides(root, "eval.num_figures=0", "trainer.max_epochs=1")
 
 
 def _multirun(tmp_path, *args):
@@ -75,7 +70,7 @@ def test_joblib_sweep_of_two_values_and_its_report(tmp_path, capsys):
     out = capsys.readouterr().out
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[0] == "| eval.beam_size | CIDEr | val_CIDEr | run |"  # overrides that vary; the others below it
-    assert "same in every run: attention.attention_dim=16 " in out and " trainer.max_epochs=1" in out
+    assert "same in every run: dataset.root=" in out and " debug=tiny " in out and " trainer.max_epochs=1" in out
     assert [row.split(" | ")[0] for row in table[2:]] == ["| 1", "| 2"]  # one row per run, both finished
     assert "failed/unfinished" not in out and (tmp_path / "report.csv").is_file()
     assert (tmp_path / "report.png").stat().st_size > 0

@@ -1,0 +1,10 @@
+"""The decoding defaults of the Python API and the commands' options: one copy of each fact.
+
+A run's values come from its config (conf/eval/default.yaml's beam_size and max_len, the same numbers:
+tests/config/test_one_default_per_fact.py holds the two together); `Captioner.generate`,
+`captioning.load(...).caption`, the exported-model runner and the commands' --beam-size / --max-len read these.
+Plain ints, no imports: the torch-free runner (captioning/export/runner.py) reads them too.
+"""
+
+BEAM_SIZE = 3  # hypotheses kept per image by beam search (1: greedy decoding)
+MAX_LEN = 20  # most words of a decoded caption (its <end> not counted)
