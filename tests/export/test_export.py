@@ -42,7 +42,7 @@ from captioning.models.encoder import ResNetEncoder, SmallCNN
 from captioning.runtime import CONF_DIR, set_seed
 from captioning.tools.export import main as export_main
 from captioning.tools.run_export import main as runner_main
-from captioning.training.distributed import NullWriter
+from captioning.training.tensorboard import NullWriter
 
 SMALL = {"attention_dim": 16, "predictor_dim": 16, "num_heads": 2, "head_dim": 8, "num_filters": 4}
 ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
