@@ -70,17 +70,20 @@ class StepIO:
     """The rows one step of a recurrence runs on, and its LSTM cells and linear layers.
 
     The state holds every row of the images still running; attention runs on all of them (an image's k rows share
-    its keys). `run(x)` is the rows of captions still running, `put(x, part)` writes their new values back;
-    `lstm(cell, x, h, c)` is the cell on those rows, its input [the cell's fixed input of this step; x]."""
+    its keys). `rows` are the rows of captions still running (None: every row): `run(x)` is those rows of x,
+    `put(x, part)` writes their new values back; `lstm(cell, x, h, c)` is the cell on those rows, its input [the
+    cell's fixed input of this step; x]."""
+
+    rows: torch.Tensor | None = None
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return x if self.rows is None else x[self.rows]
 
     def put(self, full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return part if self.rows is None else full.index_copy(0, self.rows, part)
 
     def attention(self, att: AttentionOutput) -> AttentionOutput:
-        raise NotImplementedError
+        return att if self.rows is None else att.select(self.rows)
 
     def lstm(self, cell: nn.LSTMCell, x: torch.Tensor | None, h: torch.Tensor,
              c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,15 +98,6 @@ class PlainStep(StepIO):
 
     def __init__(self, fixed: dict[nn.LSTMCell, torch.Tensor]):
         self.fixed = fixed
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def put(self, full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        return part
-
-    def attention(self, att: AttentionOutput) -> AttentionOutput:
-        return att
 
     def lstm(self, cell: nn.LSTMCell, x: torch.Tensor | None, h: torch.Tensor,
              c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,15 +121,6 @@ class PackedStep(StepIO):
 
     def at(self, t: int) -> None:
         self.t, self.rows = t, self.plan.rows[t]
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.rows is None else x[self.rows]
-
-    def put(self, full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        return part if self.rows is None else full.index_copy(0, self.rows, part)
-
-    def attention(self, att: AttentionOutput) -> AttentionOutput:
-        return att if self.rows is None else att.select(self.rows)
 
     def lstm(self, cell: nn.LSTMCell, x: torch.Tensor | None, h: torch.Tensor,
              c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
