@@ -2,7 +2,8 @@
 #   make train   - create .venv, install the package, train on the built-in `shapes` data set
 #   make test    - create .venv, install the package with its test tools, run the test suite (what CI runs)
 # Other test tiers: make test-fast - in-process tests only (no subprocesses, torchrun, notebook or browser;
-#   nor slow ones), for quick checks while editing; make test-all - everything, the slow tests included
+#   nor slow ones), in parallel worker processes, for quick checks while editing; make test-all - everything, the
+#   slow tests included
 # Extra Hydra overrides: make train ARGS="attention=soft trainer.max_epochs=2"; pytest options: make test ARGS="-k resume"
 PYTHON ?= python3
 VENV ?= .venv
@@ -39,8 +40,11 @@ train: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/pytest $(ARGS)
 
+# make test-fast runs its files in JOBS worker processes (pytest-xdist; auto: one per CPU core, at most 8), each file
+# whole in one worker, so a file's module fixtures are built once; JOBS=0 runs them all in pytest's own process.
+JOBS ?= auto
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/pytest -m "not slow and not integration" $(ARGS)
+	$(BIN)/pytest -m "not slow and not integration" -n $(JOBS) --maxprocesses 8 --dist loadfile $(ARGS)
 
 test-all: $(VENV)/.installed-dev
 	$(BIN)/pytest -m "slow or not slow" $(ARGS)

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, compose_config
 from hydra.utils import instantiate
 
 from captioning.checkpoint import save_checkpoint
@@ -189,8 +188,7 @@ def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(datas
     from captioning.factory.load import check_config
     from captioning.factory.run import stored_config
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"dataset={dataset}", f"decoder={decoder}"])
+    cfg = compose_config(f"dataset={dataset}", f"decoder={decoder}")
     stored = stored_config(cfg)  # what a training run stores in its checkpoints
     assert check_config({"config": stored}, "x.pt") is stored
 
@@ -245,8 +243,7 @@ def test_captioning_evaluate_refuses(good_checkpoint, tmp_path, case):
     else:
         key, edit = f"model.{case[0]}._target_", _replace(case[0], _payload(case[1], marker))
     bad = _edited(good_checkpoint, tmp_path / "bad.pt", edit)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"checkpoint={bad}", "eval.metrics=[bleu]", "eval.num_figures=0"])
+    cfg = compose_config(f"checkpoint={bad}", "eval.metrics=[bleu]", "eval.num_figures=0", name="evaluate")
     with pytest.raises(UnsafeCheckpointError) as err:
         evaluate(cfg, tmp_path / "eval")
     _refused(err.value, key)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import TINY_MODEL
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, compose_config
 from PIL import Image
 
 from captioning.base.files import NoFollowFileHandler, append_bytes, write_text_atomic
@@ -28,7 +27,6 @@ from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate
 from captioning.factory.load import UnsafeCheckpointError, load_model
 from captioning.factory.models import build_captioner
-from captioning.runtime import CONF_DIR
 from captioning.tools import caption
 
 SMALL = {"seed": 1, "num_train": 8, "num_val": 4, "num_test": 4, "image_size": 32, "object_scale": 1.0}
@@ -57,10 +55,8 @@ def _checkpoint(tmp_path: Path, root: Path, shapes_json: Path, **generate) -> Pa
 
 
 def _evaluate_cfg(checkpoint: Path, data_dir: Path):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("evaluate", overrides=[f"checkpoint={checkpoint}", f"data_dir={data_dir}", "device=cpu",
-                                              "eval.metrics=[bleu]", "eval.num_figures=1", "eval.beam_size=1",
-                                              "eval.max_len=4"])
+    return compose_config(f"checkpoint={checkpoint}", f"data_dir={data_dir}", "device=cpu", "eval.metrics=[bleu]",
+                          "eval.num_figures=1", "eval.beam_size=1", "eval.max_len=4", name="evaluate")
 
 
 def _planted(folder: Path) -> dict[Path, bytes]:

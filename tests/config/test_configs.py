@@ -2,7 +2,7 @@
 
 
 import pytest
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config
 
 from captioning.runtime import CONF_DIR
 
@@ -13,20 +13,15 @@ PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if not p.s
                                                                                                "coco_transformer", "_")))
 
 
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
-
 def test_default_is_the_cpu_shapes_run():
-    cfg = _compose()
+    cfg = compose_config()
     assert cfg.dataset.name == "shapes" and cfg.encoder._target_ == "small_cnn"
     assert cfg.attention._target_ == "soft" and cfg.device == "auto"
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_paper_presets(preset):
-    cfg = _compose(f"experiment={preset}")
+    cfg = compose_config(f"experiment={preset}")
     dataset = preset.split("_")[0]
     assert cfg.dataset.name == dataset and cfg.dataset.max_vocab == 10000
     scst = preset.endswith("_scst")  # self-critical fine-tuning selects by the CIDEr it optimises
@@ -44,16 +39,16 @@ def test_paper_presets(preset):
 @pytest.mark.parametrize("group", ["encoder", "attention", "decoder", "dataset", "optim", "scheduler", "objective"])
 def test_every_group_entry_composes(group):
     for entry in sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_")):
-        cfg = _compose(f"{group}={entry}")
+        cfg = compose_config(f"{group}={entry}")
         assert group in cfg
 
 
 @pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONF / "dataset").glob("[!_]*.yaml")))
 def test_every_data_set_reads_its_split_file_unless_told_to_read_raw_coco(dataset):
-    cfg = _compose(f"dataset={dataset}", "dataset.annotations=/d/split.json", "dataset.image_root=/d/images")
+    cfg = compose_config(f"dataset={dataset}", "dataset.annotations=/d/split.json", "dataset.image_root=/d/images")
     assert dict(cfg.dataset.reader) == {"_target_": "karpathy",
                                         "annotations": "/d/split.json", "image_root": "/d/images"}
-    coco = _compose(f"dataset={dataset}", "dataset/reader=coco", "dataset.image_root=/d/images", "data_dir=/d").dataset
+    coco = compose_config(f"dataset={dataset}", "dataset/reader=coco", "dataset.image_root=/d/images", "data_dir=/d").dataset
     assert coco.reader._target_ == "coco"
     assert coco.reader.image_root == "/d/images"
     assert coco.reader.train_captions == "/d/coco/annotations/captions_train2014.json"

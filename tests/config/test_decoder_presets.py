@@ -3,22 +3,16 @@ every preset validates is tests/config/test_schema.py's test."""
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config
 from hydra.utils import instantiate
 
 from captioning.factory.models import build_captioner, model_config
 from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoders.updown import UpDownDecoder
-from captioning.runtime import CONF_DIR
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def test_updown_has_anderson_et_als_sizes_and_ruotianluos_schedule():
-    cfg = _compose("experiment=coco_updown", "encoder.pretrained=false")
+    cfg = compose_config("experiment=coco_updown", "encoder.pretrained=false")
     model = build_captioner(model_config(cfg), 10000)
     dec = model.decoder
     assert isinstance(dec, UpDownDecoder) and model.encoder.out_dim == 2048
@@ -36,7 +30,7 @@ def test_updown_has_anderson_et_als_sizes_and_ruotianluos_schedule():
 
 
 def test_transformer_has_the_published_sizes_and_warmup():
-    cfg = _compose("experiment=coco_transformer", "encoder.pretrained=false")
+    cfg = compose_config("experiment=coco_transformer", "encoder.pretrained=false")
     dec = build_captioner(model_config(cfg), 10000).decoder
     assert isinstance(dec, TransformerDecoder)
     assert (len(dec.layers), len(dec.attention.encoder), dec.d_model, dec.num_heads) == (6, 6, 512, 8)

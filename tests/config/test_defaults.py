@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from fixtures import TINY_MODEL
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, compose_config
 from omegaconf import OmegaConf
 
 from captioning.checkpoint.moved import MOVED_KEYS, moved_override, upgrade_config
@@ -81,11 +80,6 @@ def test_signature_defaults_are_the_config_values(target):
     assert not wrong, f"{target}: {wrong}"
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
-
 def _shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
@@ -97,7 +91,7 @@ def _shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 def test_python_with_no_arguments_builds_the_configs_model(attention, decoder):
     """`SoftAttention(D, n)` and `attention=soft` are one model; so are `ShowAttendTellDecoder(V, D, att)` and
     `decoder=sat`: the same parameters, of the same shapes."""
-    cfg = _compose(f"attention={attention}", f"decoder={decoder}")
+    cfg = compose_config(f"attention={attention}", f"decoder={decoder}")
     att_cls, dec_cls = _callable(cfg.attention._target_), _callable(cfg.decoder._target_)
     torch.manual_seed(0)
     from_config = build_captioner(model_config(cfg), 30).decoder  # what the command line builds (small_cnn grids)
@@ -110,7 +104,7 @@ def test_python_with_no_arguments_builds_the_configs_model(attention, decoder):
 
 @pytest.mark.parametrize("objective", ["xe", "scst"])
 def test_the_objective_from_python_is_the_configs(objective):
-    cfg = _compose(f"objective={objective}")
+    cfg = compose_config(f"objective={objective}")
     built = registry.build("objective", OmegaConf.to_container(cfg.objective))
     plain = type(built)()
     assert vars(plain) == vars(built)
@@ -130,7 +124,7 @@ def test_moved_overrides_are_renamed_with_their_prefix_and_value():
     assert moved_override("trainer.attention_weight=0,0.1,1") == "objective.attention_weight=0,0.1,1"  # a sweep
     assert moved_override("++trainer.reinforce.every_batch=true") == "++objective.every_batch=true"
     assert moved_override("trainer.max_epochs=3") is None and moved_override("attention=hard") is None
-    cfg = _compose()
+    cfg = compose_config()
     for new in MOVED_KEYS.values():  # every new key exists in the default config
         assert OmegaConf.select(cfg, new) is not None, new
 
@@ -155,7 +149,7 @@ def _old_layout(config: dict[str, Any], objective: str = "CrossEntropy") -> dict
 
 
 def test_an_old_config_is_upgraded_once_and_a_new_one_is_left_alone():
-    config = OmegaConf.to_container(_compose(), resolve=True)
+    config = OmegaConf.to_container(compose_config(), resolve=True)
     assert upgrade_config(config) is config
     up = upgrade_config(_old_layout(config))
     assert "reinforce" not in up["trainer"] and "attention_weight" not in up["trainer"]
@@ -171,7 +165,7 @@ def test_a_checkpoint_written_before_the_move_still_loads(tiny_model, tmp_path):
     from captioning.data.vocab import Vocabulary
     from captioning.factory.load import load_model
     vocab = Vocabulary.build([[f"w{i}" for i in range(12 - 4)]])  # 12 ids with the 4 special tokens
-    config = {**OmegaConf.to_container(_compose(), resolve=True), "model": TINY_MODEL}
+    config = {**OmegaConf.to_container(compose_config(), resolve=True), "model": TINY_MODEL}
     old = save_checkpoint(tmp_path / "old.pt", tiny_model, vocab, _old_layout(config))
     model, loaded_vocab, loaded = load_model(old)
     assert loaded_vocab == vocab

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import compose_config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -66,11 +67,6 @@ def test_the_scan_finds_a_default_written_in_place():
 
 
 # -- shared config parts --------------------------------------------------------------------------------------------
-def _compose(*overrides: str, name: str = "train"):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(name, overrides=list(overrides))
-
-
 def _own_keys(path: Path) -> dict:
     return {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "defaults"}
 
@@ -86,7 +82,7 @@ def test_each_data_set_states_only_what_differs_from_the_base():
         same = [k for k, v in _own_keys(path).items() if base.get(k, object()) == v]
         assert not same, f"{name}.yaml repeats the base's {same}"
     for name in DATASETS:  # and every key the base leaves open (???) is set
-        dataset = _compose(f"dataset={name}").dataset
+        dataset = compose_config(f"dataset={name}").dataset
         assert not [k for k in dataset if OmegaConf.is_missing(dataset, k)], name
 
 
@@ -106,7 +102,7 @@ def test_the_paper_presets_state_only_their_data_set():
 
 
 def test_the_paper_presets_share_their_constants():
-    cfgs = {name: _compose(f"experiment={name}") for name in PAPER}
+    cfgs = {name: compose_config(f"experiment={name}") for name in PAPER}
     for name, cfg in cfgs.items():
         other = cfgs[f"coco_{name.split('_')[1]}"]  # the same attention on COCO: all but the data set (and optimizer)
         assert {k: cfg[k] for k in cfg if k not in ("dataset", "optim")} == \
@@ -139,7 +135,7 @@ def test_debug_tiny_shrinks_whichever_model_is_chosen(decoder, tmp_path):
     for attention in ATTENTIONS:
         if decoder == "transformer" and attention in ("hard", "location"):
             continue  # refused: tests/models/test_transformer_decoder.py
-        cfg = _compose("debug=tiny", f"dataset.root={tmp_path}", f"decoder={decoder}", f"attention={attention}")
+        cfg = compose_config("debug=tiny", f"dataset.root={tmp_path}", f"decoder={decoder}", f"attention={attention}")
         validate_train_config(cfg)  # no key a chosen group does not take
         sizes = yaml.safe_load(path.read_text()) if (path := CONF_DIR / "debug" / "attention" /
                                                      f"tiny_{attention}.yaml").is_file() else {}
@@ -151,7 +147,7 @@ def test_debug_tiny_shrinks_whichever_model_is_chosen(decoder, tmp_path):
 
 
 def test_debug_is_off_by_default_and_adds_no_key():
-    plain = _compose()
+    plain = compose_config()
     assert "debug" not in plain and list(plain.encoder.channels) == [32, 64, 128]
 
 
@@ -198,7 +194,7 @@ def test_the_help_says_what_a_choice_chooses(choice):
 
 
 def test_the_help_states_the_default_runs_schedule():
-    cfg, text = _compose(), _help()
+    cfg, text = compose_config(), _help()
     assert f"has not improved for {cfg.trainer.patience} epochs (at most {cfg.trainer.max_epochs};" in text
     assert "10 minutes" not in text
 

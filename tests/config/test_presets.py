@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -17,18 +17,11 @@ from captioning.data.vocab import Vocabulary
 from captioning.factory import registry
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoders.base import DecoderOutput
-from captioning.runtime import CONF_DIR
 from captioning.training.losses import MovingAverageBaseline
 from captioning.training.trainer import Trainer
 
-CONF = CONF_DIR
 PAPER = ["coco_hard", "coco_soft", "coco_soft_resnet101", "flickr30k_hard", "flickr30k_soft", "flickr8k_hard",
          "flickr8k_soft"]
-
-
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _optimizer(cfg, param):
@@ -37,7 +30,7 @@ def _optimizer(cfg, param):
 
 @pytest.mark.parametrize("preset", PAPER)
 def test_optimiser_batches_and_schedule(preset):
-    cfg = _compose(f"experiment={preset}")
+    cfg = compose_config(f"experiment={preset}")
     group = _optimizer(cfg, torch.nn.Parameter(torch.zeros(1))).param_groups[0]
     if preset.startswith("flickr8k"):  # optimizers.py:L57-73: centred RMSprop, decay 0.95, momentum 0.9, step 1e-4
         assert cfg.optim._target_ == "torch.optim.RMSprop"
@@ -56,7 +49,7 @@ def test_optimiser_batches_and_schedule(preset):
 
 
 def test_defaults_keep_this_projects_normalisation():
-    cfg = _compose()
+    cfg = compose_config()
     rc = cfg.objective
     assert cfg.dataset.batch_unit == "images" and rc.attention_reduction == "caption_mean"
     assert (rc.reward, rc.reduction, rc.doubly_stochastic, rc.every_batch) == ("sum", "mean", True, False)
@@ -68,7 +61,7 @@ def test_defaults_keep_this_projects_normalisation():
 @pytest.mark.parametrize("preset", PAPER)
 def test_the_decoder_is_arctic_captions_coco_model(preset):
     """evaluate_coco.py:L57-63 (the only released script; the Flickr presets reuse it) and capgen.py's dropout."""
-    cfg = _compose(f"experiment={preset}")
+    cfg = compose_config(f"experiment={preset}")
     dc = cfg.decoder
     assert (dc.embed_dim, dc.hidden_dim, cfg.attention.attention_dim) == (512, 1800, 512)  # L57-59
     assert cfg.attention.attention_layers == 2  # n_layers_att, L60: tanh(W k + b) on the keys, capgen.py:L357-362
@@ -90,7 +83,7 @@ def _authors_rmsprop(grads, lr=1e-4):
 
 
 def test_rmsprop_matches_the_authors_recursion_up_to_the_eps_placement():
-    cfg = _compose("experiment=flickr8k_soft")
+    cfg = compose_config("experiment=flickr8k_soft")
     torch.manual_seed(0)
     for scale in (1e-4, 1.0, 100.0):  # gradients far below, near and far above the eps floor
         grads = (scale * torch.randn(300)).tolist()
@@ -114,7 +107,7 @@ def test_rmsprop_matches_the_authors_recursion_up_to_the_eps_placement():
 
 
 def test_adam_differs_from_the_authors_only_in_the_first_steps():
-    cfg = _compose("experiment=coco_soft")
+    cfg = compose_config("experiment=coco_soft")
     param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
     opt = _optimizer(cfg, param)
     m = v = 0.0
@@ -164,7 +157,7 @@ def _authors_nll(logits, targets):
 
 @pytest.mark.parametrize("preset", ["coco_soft", "flickr8k_soft"])
 def test_soft_loss_is_the_authors_cost(preset):
-    cfg = _compose(f"experiment={preset}")
+    cfg = compose_config(f"experiment={preset}")
     batch = _batch()
     logits, alphas = _leaves(3, 4)
     out = DecoderOutput(logits, alphas, torch.ones(3, 4))
@@ -179,7 +172,7 @@ def test_soft_loss_is_the_authors_cost(preset):
 
 @pytest.mark.parametrize("sampled", [True, False])
 def test_hard_gradients_are_the_authors_known_grads(sampled):
-    cfg = _compose("experiment=coco_hard")
+    cfg = compose_config("experiment=coco_hard")
     batch, n, steps = _batch(), 3, 4
     targets = batch.captions[:, 1:]
     logits, alphas = _leaves(n, steps)

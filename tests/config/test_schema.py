@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config
 from omegaconf import OmegaConf
 
 from captioning import evaluate, train
@@ -30,11 +30,6 @@ from captioning.runtime import CONF_DIR
 
 CONF = CONF_DIR
 GROUPS = ("dataset", "encoder", "attention", "decoder", "optim", "scheduler", "eval")
-
-
-def _compose(*overrides, name="train"):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(name, overrides=list(overrides))
 
 
 @pytest.fixture
@@ -55,25 +50,25 @@ def _entries(group):
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_group_entry_validates(group, real_files):
     for entry in _entries(group):
-        validate_train_config(_compose(f"{group}={entry}", *real_files))
+        validate_train_config(compose_config(f"{group}={entry}", *real_files))
 
 
 @pytest.mark.parametrize("preset", _entries("experiment"))
 def test_every_preset_validates(preset, real_files):
-    validate_train_config(_compose(f"experiment={preset}", *real_files))
+    validate_train_config(compose_config(f"experiment={preset}", *real_files))
 
 
 def test_the_coco_reader_checks_its_caption_files(tmp_path, real_files):
     files = [f"dataset.reader.train_captions={tmp_path / 'train_captions.json'}",
              f"dataset.reader.val_captions={tmp_path / 'val_captions.json'}", f"dataset.image_root={tmp_path}"]
-    validate_train_config(_compose("dataset=coco", "dataset/reader=coco", *files))
+    validate_train_config(compose_config("dataset=coco", "dataset/reader=coco", *files))
     with pytest.raises(ConfigError) as err:
-        validate_train_config(_compose("dataset=coco", "dataset/reader=coco", *files[1:]))
+        validate_train_config(compose_config("dataset=coco", "dataset/reader=coco", *files[1:]))
     assert [key for key, _ in err.value.problems] == ["dataset.reader.train_captions"]
     assert ("dataset.reader.train_captions='data/coco/annotations/captions_train2014.json': file not found; "
             "set dataset.reader.train_captions=PATH") in str(err.value)
     with pytest.raises(ConfigError, match=r"dataset\.reader\.num_vall: unknown key \(did you mean 'num_val'\?\)"):
-        validate_train_config(_compose("dataset=coco", "dataset/reader=coco", *files, "+dataset.reader.num_vall=1"))
+        validate_train_config(compose_config("dataset=coco", "dataset/reader=coco", *files, "+dataset.reader.num_vall=1"))
 
 
 def _targets_in_conf():
@@ -135,21 +130,21 @@ BAD = [  # (overrides, the message line that must appear)
 @pytest.mark.parametrize(("overrides", "message"), BAD, ids=[o[-1].split("=")[0] for o, _ in BAD])
 def test_invalid_config_is_rejected_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:
-        validate_train_config(_compose(*overrides))
+        validate_train_config(compose_config(*overrides))
     assert message in str(err.value)
     assert len(err.value.problems) == 1  # nothing else is reported
 
 
 def test_all_problems_are_reported_at_once():
     with pytest.raises(ConfigError) as err:
-        validate_train_config(_compose("optim.lr=0", "eval.beam_size=0", "decoder.embed_dim=-3"))
+        validate_train_config(compose_config("optim.lr=0", "eval.beam_size=0", "decoder.embed_dim=-3"))
     assert [key for key, _ in err.value.problems] == ["decoder.embed_dim", "optim.lr", "eval.beam_size"]
     assert str(err.value).startswith("invalid configuration (3 problems):\n  decoder.embed_dim=-3: must be >= 1")
 
 
 def test_a_typo_in_a_preset_file_is_caught():
     # Hydra merges new keys from YAML files without complaint; the schema does not.
-    cfg = _compose()
+    cfg = compose_config()
     OmegaConf.set_struct(cfg, False)
     cfg.decoder.dropuot = 0.3
     cfg.trainer.max_epoch = 3
@@ -160,24 +155,24 @@ def test_a_typo_in_a_preset_file_is_caught():
 
 
 def test_missing_and_unresolvable_values():
-    cfg = _compose()
+    cfg = compose_config()
     OmegaConf.set_struct(cfg, False)
     del cfg.trainer["patience"]
     with pytest.raises(ConfigError, match=r"trainer.patience: missing; this key is required"):
         validate_train_config(cfg)
     with pytest.raises(ConfigError, match=r"data_dir: cannot resolve"):
-        validate_train_config(_compose("data_dir=${oc.env:CAPTIONING_TEST_UNSET_VARIABLE}"))
+        validate_train_config(compose_config("data_dir=${oc.env:CAPTIONING_TEST_UNSET_VARIABLE}"))
 
 
 def test_evaluate_config(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint: missing value \(\?\?\?\); set it on the command line"):
-        validate_evaluate_config(_compose(name="evaluate"))
+        validate_evaluate_config(compose_config(name="evaluate"))
     with pytest.raises(ConfigError, match="checkpoint='nope.pt': checkpoint not found"):
-        validate_evaluate_config(_compose("checkpoint=nope.pt", name="evaluate"))
+        validate_evaluate_config(compose_config("checkpoint=nope.pt", name="evaluate"))
     (tmp_path / "best.pt").write_bytes(b"")
-    validate_evaluate_config(_compose(f"checkpoint={tmp_path / 'best.pt'}", name="evaluate"))
+    validate_evaluate_config(compose_config(f"checkpoint={tmp_path / 'best.pt'}", name="evaluate"))
     with pytest.raises(ConfigError, match="eval.instances='none.json': file not found"):
-        validate_evaluate_config(_compose(f"checkpoint={tmp_path / 'best.pt'}", "eval.instances=none.json",
+        validate_evaluate_config(compose_config(f"checkpoint={tmp_path / 'best.pt'}", "eval.instances=none.json",
                                           name="evaluate"))
 
 
@@ -224,7 +219,7 @@ def test_keys_of_the_shipped_yaml_files_are_accepted(monkeypatch, tmp_path):
     (conf / "dataset" / "mine.yaml").write_text("name: mine\nshards: 4\n")
     (conf / "train.yaml").write_text("trainer:\n  ema_decay: 0.999\n")
     monkeypatch.setattr(schema, "CONF_DIR", conf)
-    cfg = _compose()
+    cfg = compose_config()
     OmegaConf.set_struct(cfg, False)
     cfg.dataset.shards, cfg.trainer.ema_decay, cfg.eval.shards = 4, 0.999, 4
     with pytest.raises(ConfigError) as err:
@@ -249,7 +244,7 @@ RANGES = [  # (override, the validator's line, the same check when the class is 
 @pytest.mark.parametrize(("override", "line", "call", "message"), RANGES, ids=[r[0].split("=")[0] for r in RANGES])
 def test_a_constructor_range_is_checked_by_the_validator_and_by_the_constructor(override, line, call, message):
     with pytest.raises(ConfigError) as err:
-        validate_train_config(_compose(override))
+        validate_train_config(compose_config(override))
     assert [str(err.value).splitlines()[1].strip()] == [line]
     with pytest.raises(ValueError) as direct:
         call()
@@ -276,7 +271,7 @@ def weighted_objective(vocab_size: int, weight: Annotated[float, Range(ge=0)],
 
 def _objective(spec: str):
     """The default config with its objective group replaced by `spec` (a YAML mapping)."""
-    cfg = _compose()
+    cfg = compose_config()
     cfg.objective = OmegaConf.create(yaml.safe_load(spec))
     return cfg
 
@@ -303,11 +298,11 @@ def test_a_new_target_group_is_checked_by_its_signature_without_schema_edits(mon
 
 # -- the data reader, chosen by `_target_` ----------------------------------------------------------------------
 def test_the_reader_is_a_registered_target_checked_by_its_signature(real_files):
-    cfg = _compose(*real_files)
+    cfg = compose_config(*real_files)
     assert cfg.dataset.reader._target_ == "karpathy"
     with pytest.raises(ConfigError) as err:
-        validate_train_config(_compose("dataset.reader._target_=os.makedirs"))
+        validate_train_config(compose_config("dataset.reader._target_=os.makedirs"))
     assert err.value.problems == [("dataset.reader", ("unknown type 'os.makedirs'; choose one of karpathy, coco, "
                                    "table (a new one needs its line in captioning/factory/registry.py)"))]
     with pytest.raises(ConfigError, match=r"dataset\.reader\.splits: set by the code that builds read_karpathy_splits"):
-        validate_train_config(_compose("+dataset.reader.splits=[train]"))
+        validate_train_config(compose_config("+dataset.reader.splits=[train]"))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config
 from PIL import Image
 
 from captioning.base.lock import LOCK_NAME, FolderLock
@@ -30,11 +30,10 @@ from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner, build_encoder, model_config
 from captioning.features.cache import FeatureCache
 from captioning.models.encoder import ResNetEncoder
-from captioning.runtime import CONF_DIR, set_seed
+from captioning.runtime import set_seed
 from captioning.tools.extract_features import extract
 from captioning.train import train
 
-CONF = str(CONF_DIR)
 COLOURS = {"red": (220, 40, 30), "green": (40, 190, 60), "blue": (30, 60, 210)}
 TRAIN_IDS, VAL_IDS = list(range(1, 9)), [101, 102, 103, 104]
 
@@ -90,8 +89,7 @@ TINY = ["encoder=resnet50", "encoder.arch=resnet18", "encoder.pretrained=false",
 
 
 def _compose(config: str, *overrides: str):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose(config, overrides=list(overrides))
+    return compose_config(*overrides, name=config)
 
 
 def test_both_formats_read_the_same_records(tmp_path):

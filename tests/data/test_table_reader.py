@@ -7,7 +7,7 @@ import random
 import re
 
 import pytest
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config
 
 from captioning.config.schema import validate_train_config
 from captioning.data.readers.convert import to_karpathy, write_karpathy
@@ -15,7 +15,6 @@ from captioning.data.readers.karpathy import read_karpathy_splits
 from captioning.data.readers.records import SPLITS, ImageRecord
 from captioning.data.readers.table import read_table
 from captioning.factory.datasets import load_records
-from captioning.runtime import CONF_DIR
 
 CSV = """image,caption,split
 photos/a.jpg,A dog runs.,train
@@ -192,9 +191,8 @@ def test_the_reader_runs_from_a_dataset_config_and_the_composed_config_validates
     assert _summary(out["test"]) == [(3, tmp_path / "c.jpg", [["two", "birds"]], ["Two birds"])]
     assert [r.image_id for r in out["train"]] == [1, 4]
     (tmp_path / "photos").mkdir()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["dataset=coco", "dataset/reader=table", f"dataset.annotations={path}",
-                                          f"dataset.image_root={tmp_path / 'photos'}"])
+    cfg = compose_config("dataset=coco", "dataset/reader=table", f"dataset.annotations={path}",
+                         f"dataset.image_root={tmp_path / 'photos'}")
     assert dict(cfg.dataset.reader) == {"_target_": "table", "annotations": str(path),
                                         "image_root": str(tmp_path / "photos"), "val_size": 1000, "test_size": 1000,
                                         "seed": 0}

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_CHANNELS, TINY_ENCODER, TINY_POOLS, tiny_overrides
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_CHANNELS, TINY_ENCODER, TINY_POOLS, compose_config, tiny_overrides
 
 from captioning.data.dataset import CaptionDataset
 from captioning.data.readers.karpathy import read_karpathy
@@ -28,7 +27,6 @@ from captioning.features.cache import FeatureCache, open_features
 from captioning.features.checks import HOW_TO_EXTRACT, SAMPLE_ROWS
 from captioning.features.extract import extract_features
 from captioning.models.encoder import SmallCNN
-from captioning.runtime import CONF_DIR
 from captioning.tools.extract_features import extract
 from captioning.train import train
 
@@ -291,9 +289,8 @@ def test_the_training_entry_refuses_a_non_finite_cache_before_training(shapes_js
     resnet = ["encoder=resnet50", "encoder.arch=resnet18", "encoder.pretrained=false", "encoder.fine_tune=none",
               "encoder.image_size=64", "encoder.grid_size=2", f"dataset.features={tmp_path / 'features'}"]
     overrides = [o for o in tiny_overrides(shapes_json.parent) if o not in TINY_ENCODER] + resnet
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cache = extract(compose("extract_features", overrides=overrides))
-        cfg = compose("train", overrides=overrides)
+    cache = extract(compose_config(*overrides, name="extract_features"))
+    cfg = compose_config(*overrides)
     assert cache.grids.shape == (72, 4, 512)  # (N, L, D)
     _poison(tmp_path / "features", 0, np.inf)
     refusal(ValueError, lambda: train(cfg, tmp_path / "run"), str(tmp_path / "features" / "grids.npy"),

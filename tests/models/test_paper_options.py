@@ -9,15 +9,13 @@ import functools
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, assert_every_parameter_learns
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, assert_every_parameter_learns, compose_config
 from torch import nn
 
 from captioning.factory.models import build_captioner, model_config
 from captioning.models.attention import HardAttention, SoftAttention
 from captioning.models.decoders.base import mlp as _mlp
 from captioning.models.decoders.sat import ShowAttendTellDecoder
-from captioning.runtime import CONF_DIR
 
 V, D, L, A, M, N_HID = 13, 10, 20, 8, 6, 7
 ATTENTIONS = {"soft": SoftAttention, "hard": HardAttention}
@@ -218,20 +216,15 @@ def test_step_and_packed_forward_are_forward_plain_with_the_options_on(attention
             torch.testing.assert_close(logits, plain.logits[:, t])
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
-
 @pytest.mark.parametrize("preset", ["coco_soft", "flickr8k_hard"])
 def test_a_paper_preset_builds_the_decoder_with_arctic_captions_options(preset):
     small = ["attention.attention_dim=8", "decoder.embed_dim=6", "decoder.hidden_dim=7"]
-    cfg = _compose(f"experiment={preset}", *small)
+    cfg = compose_config(f"experiment={preset}", *small)
     spec = {**model_config(cfg), "encoder": TINY_MODEL["encoder"]}  # ImageNet weights are not needed here
     dec = build_captioner(spec, V).decoder
     assert dec.attention.key_mlp is not None and len(dec.attention.key_mlp) == 2  # one extra layer and its tanh
     assert dec.hidden_dropout is not None and dec.hidden_dropout.p == 0.5 and dec.dropout.p == 0.5
     assert dec.init_h is not None and isinstance(dec.init_h[1], nn.Sequential)
     assert isinstance(dec.init_h[1][0], nn.ReLU) and dec.init_h[1][1].p == 0.5
-    shapes = build_captioner({**model_config(_compose(*small)), "encoder": TINY_MODEL["encoder"]}, V).decoder
+    shapes = build_captioner({**model_config(compose_config(*small)), "encoder": TINY_MODEL["encoder"]}, V).decoder
     assert shapes.hidden_dropout is None and shapes.attention.key_mlp is None  # the `shapes` defaults: none of it

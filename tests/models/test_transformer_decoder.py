@@ -9,11 +9,11 @@ import torch
 from fixtures import (
     TINY_MODEL,
     cancelling_entries,
+    compose_config,
     masked_annotations,
     padded_captions,
     shift_cancelling_entries,
 )
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from captioning.factory.models import build_captioner
@@ -41,10 +41,9 @@ def _model(name: str = "multihead", **decoder):
 def test_conf_decoder_transformer_selects_multihead_cross_attention():
     model = _model()
     assert isinstance(model.decoder, TransformerDecoder) and len(model.decoder.layers) == 2
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        chosen = compose("train", overrides=["decoder=transformer"])
-        asked = compose("train", overrides=["decoder=transformer", "attention=soft"])
-        sat = compose("train", overrides=["decoder=sat"])
+    chosen = compose_config("decoder=transformer")
+    asked = compose_config("decoder=transformer", "attention=soft")
+    sat = compose_config("decoder=sat")
     assert chosen.attention._target_ == "multihead"
     assert asked.attention._target_ == "soft" and sat.attention._target_ == "soft"
 

@@ -24,14 +24,11 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import BIN, tiny_overrides
-from hydra import compose, initialize_config_dir
+from fixtures import BIN, compose_config, tiny_overrides
 from omegaconf import OmegaConf
 
-from captioning.runtime import CONF_DIR
 from captioning.train import train
 
-CONF = str(CONF_DIR)
 TIMING = {"train_seconds"}
 EPOCHS, STEPS_PER_EPOCH = 4, 6
 # A subprocess that trains and SIGKILLs itself at KILL_AT (kind:which:n), e.g. step::9 (before the 9th optimizer
@@ -87,8 +84,7 @@ except TrainingInterrupted as stop:
 
 def compose_train(*overrides: str) -> Any:
     """The train config of the tiny runs (dataset.root and the rest given as overrides)."""
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+    return compose_config(*overrides)
 
 
 def tiny(root: Path, *extra: str) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_ENCODER, TINY_MODEL, tiny_overrides
+from fixtures import TINY_ENCODER, TINY_MODEL, compose_config, tiny_overrides
 from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
@@ -37,11 +37,6 @@ CONF = str(CONF_DIR)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/training/conftest.py
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _context(forward, model, samples_regions=False) -> LossContext:
@@ -306,7 +301,7 @@ SCST_CASES = [(a, d, b) for d in DECODERS for a in ATTENTIONS for b in ("greedy"
 @pytest.mark.parametrize(("attention", "decoder", "baseline"), SCST_CASES)
 def test_every_attention_and_decoder_trains_with_scst(tiny, attention, decoder, baseline):
     _, data = tiny
-    cfg = _compose(f"attention={attention}", f"decoder={decoder}", "objective=scst")
+    cfg = compose_config(f"attention={attention}", f"decoder={decoder}", "objective=scst")
     spec = model_config(cfg)
     for key in SMALL:  # only the keys this attention / decoder takes
         group, name, value = key.split(".")[0], key.split(".")[1].split("=")[0], key.split("=")[1]
@@ -359,7 +354,7 @@ def test_cached_annotations_and_bf16(tiny):
 
 # -- end to end ---------------------------------------------------------------------------------------------------
 def _tiny_run(shapes_json, *extra):
-    return _compose(*tiny_overrides(Path(shapes_json).parent, "eval.num_figures=0", "eval.report=false", "device=cpu",
+    return compose_config(*tiny_overrides(Path(shapes_json).parent, "eval.num_figures=0", "eval.report=false", "device=cpu",
                                     *extra))
 
 

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, compose_tiny_train
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, compose_config, compose_tiny_train
 
 from captioning.checkpoint import read_checkpoint, save_checkpoint
 from captioning.data.dataset import CaptionDataset, collate
@@ -15,11 +14,8 @@ from captioning.data.vocab import Vocabulary
 from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner
 from captioning.models.decoding import greedy_decode
-from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training.losses import caption_loss
-
-CONF = str(CONF_DIR)
 
 
 def _one_batch(shapes_json, n_images=4):
@@ -120,9 +116,8 @@ def test_evaluate_app_rescoring_a_checkpoint(shapes_json, tmp_path):
 
     train(compose_tiny_train(shapes_json, "trainer.max_epochs=1"), tmp_path / "run")
     trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}",
-                                             "eval.metrics=[bleu,cider]", "eval.num_figures=1"])
+    cfg = compose_config(f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}", "eval.metrics=[bleu,cider]",
+                         "eval.num_figures=1", name="evaluate")
     metrics = evaluate(cfg, tmp_path / "eval")
     # Same checkpoint, same split, same beam: the same scores as the end of training.
     # metrics.json stores an undefined score (NaN: no caption word names an object) as null.
