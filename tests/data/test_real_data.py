@@ -88,10 +88,6 @@ TINY = ["encoder=resnet50", "encoder.arch=resnet18", "encoder.pretrained=false",
         "trainer.max_epochs=1", "trainer.progress=false", "eval.metrics=[bleu,cider]", "eval.num_figures=1"]
 
 
-def _compose(config: str, *overrides: str):
-    return compose_config(*overrides, name=config)
-
-
 def test_both_formats_read_the_same_records(tmp_path):
     make_dataset(tmp_path / "k", "karpathy")
     make_dataset(tmp_path / "c", "coco")
@@ -125,7 +121,7 @@ def test_coco_split_rule_and_karpathy_split_file(tmp_path):
 
 
 def test_captioner_takes_precomputed_annotations():
-    model = build_captioner(model_config(_compose("train", *TINY)), vocab_size=10).eval()
+    model = build_captioner(model_config(compose_config(*TINY)), vocab_size=10).eval()
     images = torch.rand(2, 3, 64, 64)
     a, grid = model.encode(images)  # (2, 4, 512) from the encoder
     b, grid_b = model.encode(a)  # passed through
@@ -150,35 +146,35 @@ def _decode_both_ways(model, records, vocab, cache):
 def test_train_from_cache_evaluate_and_cache_matches_on_the_fly(tmp_path, fmt):
     data = make_dataset(tmp_path / "data", fmt)
     feats = f"dataset.features={tmp_path / 'features'}"
-    cache = extract(_compose("extract_features", *data, *TINY, feats))
+    cache = extract(compose_config(*data, *TINY, feats, name="extract_features"))
     assert len(cache) == 12 and cache.grid == (2, 2) and cache.grids.dtype == np.float16
     assert cache.grids.shape == (12, 4, 512)  # (N, L, D)
-    cached = train(_compose("train", *data, *TINY, feats), tmp_path / "cached")
+    cached = train(compose_config(*data, *TINY, feats), tmp_path / "cached")
     assert cached["num_images"] == 2 and cached["skipped_images"] == 0
     if fmt == "karpathy":  # the reader does not matter here: once is enough
-        direct = train(_compose("train", *data, *TINY), tmp_path / "direct")
+        direct = train(compose_config(*data, *TINY), tmp_path / "direct")
         # Same seed, same frozen encoder: an epoch from the cache trains like one from the images (up to float16).
         h_cached, h_direct = (json.loads((tmp_path / r / "history.json").read_text())[0] for r in ("cached", "direct"))
         assert h_cached["loss"] == pytest.approx(h_direct["loss"], rel=1e-3)
         assert cached["Bleu_4"] == pytest.approx(direct["Bleu_4"], abs=1e-6)
 
     ckpt_path = tmp_path / "cached" / "checkpoints" / "best.pt"
-    ev = evaluate(_compose("evaluate", f"checkpoint={ckpt_path}", "eval.metrics=[bleu,cider]", "eval.num_figures=0"),
-                  tmp_path / "eval")
+    ev = evaluate(compose_config(f"checkpoint={ckpt_path}", "eval.metrics=[bleu,cider]", "eval.num_figures=0",
+                                 name="evaluate"), tmp_path / "eval")
     assert ev["num_images"] == 2 and ev["CIDEr"] == pytest.approx(cached["CIDEr"], abs=1e-12)
     if fmt == "karpathy":  # once cached, the images are not needed: without them evaluation still writes its files
         (tmp_path / "data" / "images").rename(tmp_path / "data" / "images_gone")
-        ev2 = evaluate(_compose("evaluate", f"checkpoint={ckpt_path}", "eval.metrics=[bleu,cider]", "eval.num_figures=2"),
-                       tmp_path / "eval2")
+        ev2 = evaluate(compose_config(f"checkpoint={ckpt_path}", "eval.metrics=[bleu,cider]", "eval.num_figures=2",
+                                      name="evaluate"), tmp_path / "eval2")
         assert ev2["CIDEr"] == ev["CIDEr"] and (tmp_path / "eval2" / "report.html").is_file()
         assert not (tmp_path / "eval2" / "figures").exists()  # no figures without images, and no crash
-        evaluate(_compose("evaluate", f"checkpoint={ckpt_path}", "eval.metrics=[bleu]", "eval.report=false"),
+        evaluate(compose_config(f"checkpoint={ckpt_path}", "eval.metrics=[bleu]", "eval.report=false", name="evaluate"),
                  tmp_path / "eval3")
         assert (tmp_path / "eval3" / "metrics.json").is_file() and not (tmp_path / "eval3" / "report.html").exists()
         (tmp_path / "data" / "images_gone").rename(tmp_path / "data" / "images")
 
     model, vocab, ckpt = load_model(ckpt_path)
-    records = [r for rs in load_records(_compose("train", *data).dataset, ["train", "val", "test"]).values() for r in rs]
+    records = [r for rs in load_records(compose_config(*data).dataset, ["train", "val", "test"]).values() for r in rs]
     cache = FeatureCache.open(tmp_path / "features", model.encoder, ckpt["config"]["model"]["encoder"])
     transform = model.encoder.transform()
     with torch.no_grad():
@@ -194,40 +190,41 @@ def test_train_from_cache_evaluate_and_cache_matches_on_the_fly(tmp_path, fmt):
 def test_mismatched_or_incomplete_cache_is_refused(tmp_path):
     data = make_dataset(tmp_path / "data", "karpathy")
     feats = f"dataset.features={tmp_path / 'features'}"
-    extract(_compose("extract_features", *data, *TINY, feats))
+    extract(compose_config(*data, *TINY, feats, name="extract_features"))
     with pytest.raises(ValueError, match="made by a different encoder") as err:  # through the training app
-        train(_compose("train", *data, *TINY, feats, "encoder.image_size=32"), tmp_path / "run")
+        train(compose_config(*data, *TINY, feats, "encoder.image_size=32"), tmp_path / "run")
     assert "encoder.image_size: cache 64, now 32" in str(err.value)
     assert "captioning-extract-features" in str(err.value)
     for override, detail in (("encoder.grid_size=1", "encoder.grid_size: cache 2, now 1"),
                              ("seed=1", "weights_sha256"),  # another random initialisation
                              ("encoder.arch=resnet34", "encoder.arch: cache 'resnet18', now 'resnet34'")):
-        cfg = _compose("train", *data, *TINY, feats, override)
+        cfg = compose_config(*data, *TINY, feats, override)
         set_seed(cfg.seed)
         with pytest.raises(ValueError, match="made by a different encoder") as err:
             FeatureCache.open(tmp_path / "features", build_encoder(cfg.encoder), cfg.encoder)
         assert detail in str(err.value)
     with pytest.raises(ValueError, match="needs a frozen encoder"):
-        train(_compose("train", *data, *TINY, feats, "encoder.fine_tune=top"), tmp_path / "run")
+        train(compose_config(*data, *TINY, feats, "encoder.fine_tune=top"), tmp_path / "run")
     # Extracting into a cache of another encoder is refused; overwrite=true replaces it.
     with pytest.raises(ValueError, match="already holds a feature cache made differently"):
-        extract(_compose("extract_features", *data, *TINY, feats, "encoder.image_size=32"))
-    replaced = extract(_compose("extract_features", *data, *TINY, feats, "encoder.image_size=32", "overwrite=true"))
+        extract(compose_config(*data, *TINY, feats, "encoder.image_size=32", name="extract_features"))
+    replaced = extract(compose_config(*data, *TINY, feats, "encoder.image_size=32", "overwrite=true",
+                                      name="extract_features"))
     assert replaced.meta["fingerprint"]["encoder"]["image_size"] == 32
     # A cache of the train split only cannot serve the test split.
     only_train = tmp_path / "train_only"
-    extract(_compose("extract_features", *data, *TINY, f"dataset.features={only_train}", "splits=[train]"))
+    extract(compose_config(*data, *TINY, f"dataset.features={only_train}", "splits=[train]", name="extract_features"))
     with pytest.raises(ValueError, match=r"2 of 2 images are not in the feature cache .*train_only"):
-        train(_compose("train", *data, *TINY, f"dataset.features={only_train}"), tmp_path / "run")
+        train(compose_config(*data, *TINY, f"dataset.features={only_train}"), tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="no feature cache at"):
         FeatureCache.open(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="set dataset.features=PATH"):
-        extract(_compose("extract_features", *data, *TINY))
+        extract(compose_config(*data, *TINY, name="extract_features"))
 
 
 def test_a_second_extraction_into_a_cache_in_use_waits_for_it(tmp_path, caplog):
     data = make_dataset(tmp_path / "data", "karpathy")
-    cfg = _compose("extract_features", *data, *TINY, f"dataset.features={tmp_path / 'features'}")
+    cfg = compose_config(*data, *TINY, f"dataset.features={tmp_path / 'features'}", name="extract_features")
     done: list[int] = []
     with caplog.at_level(logging.INFO, logger="captioning.base.lock"):
         with FolderLock(tmp_path / "features", "feature extraction"):  # another extraction holds the folder
@@ -244,8 +241,9 @@ def test_a_second_extraction_into_a_cache_in_use_waits_for_it(tmp_path, caplog):
 
 def test_interrupted_extraction_resumes_where_it_stopped(tmp_path, monkeypatch):
     data = make_dataset(tmp_path / "data", "karpathy")
-    reference = extract(_compose("extract_features", *data, *TINY, f"dataset.features={tmp_path / 'full'}"))
-    cfg = _compose("extract_features", *data, *TINY, f"dataset.features={tmp_path / 'features'}", "batch_size=5")
+    reference = extract(compose_config(*data, *TINY, f"dataset.features={tmp_path / 'full'}", name="extract_features"))
+    cfg = compose_config(*data, *TINY, f"dataset.features={tmp_path / 'features'}", "batch_size=5",
+                         name="extract_features")
     forward, seen = ResNetEncoder.forward, []
 
     def interrupted_after_two_batches(self, images):
@@ -272,9 +270,9 @@ def test_interrupted_extraction_resumes_where_it_stopped(tmp_path, monkeypatch):
 def test_unreadable_image_is_recorded_in_the_cache_and_counted(tmp_path):
     data = make_dataset(tmp_path / "data", "karpathy")
     (tmp_path / "data" / "images" / "img_2.jpg").write_bytes(b"")  # 0-byte file in the train split
-    cache = extract(_compose("extract_features", *data, *TINY, f"dataset.features={tmp_path / 'features'}"))
+    cache = extract(compose_config(*data, *TINY, f"dataset.features={tmp_path / 'features'}", name="extract_features"))
     assert list(cache.failed) == ["2"] and "img_2.jpg" in cache.failed["2"]
-    metrics = train(_compose("train", *data, *TINY, f"dataset.features={tmp_path / 'features'}"), tmp_path / "run")
+    metrics = train(compose_config(*data, *TINY, f"dataset.features={tmp_path / 'features'}"), tmp_path / "run")
     assert json.loads((tmp_path / "run" / "history.json").read_text())[0]["skipped_images"] == 1
     assert metrics["skipped_images"] == 0 and metrics["num_images"] == 2
     records = read_karpathy(tmp_path / "data" / "dataset_flickr8k.json", "train", tmp_path / "data" / "images")
@@ -303,7 +301,7 @@ def test_offline_paper_preset_fails_fast_with_instructions(tmp_path, monkeypatch
     # what the trainer and the extraction read data with (both import it when their work starts)
     monkeypatch.setattr("captioning.factory.datasets.load_records", never)
     out = [f"dataset.features={tmp_path / 'features'}"] if config == "extract_features" else []
-    cfg = _compose(config, "experiment=flickr8k_soft", *data[1:], *out)
+    cfg = compose_config("experiment=flickr8k_soft", *data[1:], *out, name=config)
     with pytest.raises(RuntimeError, match=r"pretrained vgg19 weights.*hub/checkpoints.*vgg19-.*\.pth.*"
                                            r"encoder\.pretrained=false"):
         train(cfg, tmp_path / "run") if config == "train" else extract(cfg)
@@ -312,7 +310,7 @@ def test_offline_paper_preset_fails_fast_with_instructions(tmp_path, monkeypatch
 
 def _preset_on_test_data(tmp_path, *overrides: str) -> dict:
     data = make_dataset(tmp_path / "data", "karpathy")
-    cfg = _compose("train", "experiment=flickr8k_soft", *data[1:], "encoder.pretrained=false", "dataset.min_word_freq=1",
+    cfg = compose_config("experiment=flickr8k_soft", *data[1:], "encoder.pretrained=false", "dataset.min_word_freq=1",
                    "dataset.batch_size=4", "dataset.num_workers=0", "trainer.max_epochs=1", "trainer.progress=false",
                    "eval.metrics=[bleu,cider]", "eval.num_figures=0", "eval.beam_size=2", *overrides)
     assert cfg.encoder.arch == "vgg19" and cfg.optim._target_ == "torch.optim.RMSprop"

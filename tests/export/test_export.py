@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import torch
 from family import refusal
-from fixtures import TINY_MODEL
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, compose_config
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -74,11 +73,10 @@ def trained(tmp_path_factory) -> tuple[Path, list[Path]]:
     and 16 test image paths. The default-sized model is what is exported here, so not debug=tiny; the epochs are
     the Trainer's own (`train_epoch`), without the validation and checkpoints of `fit` (a third of the time more)."""
     root = tmp_path_factory.mktemp("shapes64")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[
-            f"dataset.root={root}", "dataset.generate.num_train=64", "dataset.generate.num_val=8",
-            "dataset.generate.num_test=16", "dataset.generate.seed=1", "dataset.batch_size=16",
-            "dataset.prepared=null", "trainer.progress=false", "device=cpu", "optim.lr=0.005", "scheduler=none"])
+    cfg = compose_config(f"dataset.root={root}", "dataset.generate.num_train=64", "dataset.generate.num_val=8",
+                         "dataset.generate.num_test=16", "dataset.generate.seed=1", "dataset.batch_size=16",
+                         "dataset.prepared=null", "trainer.progress=false", "device=cpu", "optim.lr=0.005",
+                         "scheduler=none")
     set_seed(cfg.seed)
     trainer = build_trainer(cfg, root / "run")
     for _ in range(8):

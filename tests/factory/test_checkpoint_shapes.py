@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import TINY_MODEL, compose_tiny_train
-from hydra import compose, initialize_config_dir
+from fixtures import TINY_MODEL, compose_config, compose_tiny_train
 
 import captioning
 from captioning.checkpoint import save_checkpoint
@@ -33,7 +32,6 @@ from captioning.evaluate import evaluate
 from captioning.export.exporter import export_checkpoint
 from captioning.factory import load as checkpoints
 from captioning.factory.models import build_captioner
-from captioning.runtime import CONF_DIR
 from captioning.tools import caption, demo
 from captioning.tools import html as html_report
 from captioning.train import train
@@ -176,8 +174,7 @@ def test_captioning_html(bomb, shapes_json, tmp_path, capsys):
 
 
 def test_captioning_evaluate(bomb, tmp_path):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"checkpoint={bomb}", "eval.metrics=[bleu]", "eval.num_figures=0"])
+    cfg = compose_config(f"checkpoint={bomb}", "eval.metrics=[bleu]", "eval.num_figures=0", name="evaluate")
     with pytest.raises(ValueError) as err:
         evaluate(cfg, tmp_path / "eval")
     _bomb_message(str(err.value))

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from fixtures import compose_tiny_train
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config, compose_tiny_train
 
 from captioning.evaluation.split import EvalSettings
 from captioning.factory.models import model_config
 from captioning.factory.run import build_run, build_trainer, stored_config
-from captioning.runtime import CONF_DIR, set_seed
+from captioning.runtime import set_seed
 from captioning.training.objectives import CrossEntropy, SelfCritical
 from captioning.training.parts import LoaderSettings
 
 
 def test_the_eval_settings_defaults_are_the_configs():
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train")
+    cfg = compose_config()
     assert EvalSettings.of(cfg.eval) == EvalSettings.shipped()  # one default per fact: conf/eval/default.yaml's
     assert LoaderSettings.of(cfg.dataset) == LoaderSettings(32, "images", None, 0)  # conf/dataset/shapes.yaml's
 

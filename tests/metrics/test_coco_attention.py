@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import tiny_overrides
+from fixtures import compose_config, tiny_overrides
 from PIL import Image
 from pycocotools import mask as mask_utils
 from torchvision import transforms as T
@@ -287,13 +287,11 @@ def test_malformed_segmentation_names_the_file_and_annotation(tmp_path: Path) ->
 def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes(shapes_json, tmp_path, monkeypatch):
     """With instance masks drawn as the `shapes` boxes (and shape/colour words mapped to categories), the mask
     measure from `eval.instances` equals the box-based one on the same decoded split."""
-    from hydra import compose, initialize_config_dir
 
     from captioning.data.readers.karpathy import read_karpathy
     from captioning.data.shapes.captions import COLOURS, SHAPES
     from captioning.evaluate import evaluate
     from captioning.metrics import coco_attention
-    from captioning.runtime import CONF_DIR
     from captioning.train import train
 
     train_overrides = [*tiny_overrides(Path(shapes_json).parent), "eval.metrics=[bleu]", "eval.num_figures=0",
@@ -301,8 +299,7 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
                        # named 13 with dense teacher forcing, none with real words only: other dropout draws; with
                        # the default exponential schedule the best checkpoint names none)
                        "trainer.max_epochs=8", "optim.lr=0.01", "scheduler=plateau"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        train(compose("train", overrides=train_overrides), tmp_path / "run")
+    train(compose_config(*train_overrides), tmp_path / "run")
 
     # every shape and colour word names its own COCO category; each of its boxes is one instance polygon
     names = ["person", "dog", "traffic light", "car", "cat", "bus", "boat", "bench"]
@@ -320,9 +317,8 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
     good.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
 
     def run(*extra: str) -> dict:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("evaluate", overrides=[f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}",
-                                                 "eval.metrics=[bleu]", "eval.num_figures=0", *extra])
+        cfg = compose_config(f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}", "eval.metrics=[bleu]",
+                             "eval.num_figures=0", *extra, name="evaluate")
         return evaluate(cfg, tmp_path / "eval")
 
     boxes = run()
@@ -339,10 +335,9 @@ def test_evaluate_with_instances_equals_the_box_measure_when_masks_are_the_boxes
         run(f"eval.instances={other}")
 
     # captioning-train with eval.instances reports the same measure for its test split (same seed, same model)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        trained = train(compose("train", overrides=[*train_overrides, f"eval.instances={good}"]), tmp_path / "run2")
+    trained = train(compose_config(*train_overrides, f"eval.instances={good}"), tmp_path / "run2")
     assert trained["attention_correctness_words"] == masks["attention_correctness_words"]
     assert trained["attention_correctness"] == pytest.approx(masks["attention_correctness"], abs=1e-9)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"), pytest.raises(ValueError, match="other_instances"):
-        train(compose("train", overrides=[*train_overrides, f"eval.instances={other}"]), tmp_path / "run3")
+    with pytest.raises(ValueError, match="other_instances"):
+        train(compose_config(*train_overrides, f"eval.instances={other}"), tmp_path / "run3")
     assert not (tmp_path / "run3" / "checkpoints").exists()  # refused before training

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import tiny_overrides
-from hydra import compose, initialize_config_dir
+from fixtures import compose_config, tiny_overrides
 
 from captioning.evaluation.split import decode_split, score_predictions
 from captioning.factory.datasets import build_datasets
@@ -34,7 +33,6 @@ from captioning.runtime import CONF_DIR
 from captioning.train import train
 from captioning.training import distributed
 
-CONF = str(CONF_DIR)
 PER_RANK_BATCH = 4
 
 
@@ -75,9 +73,8 @@ def _single_process_reference(shapes_json: Path, out_dir: Path, monkeypatch: pyt
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(key, value)
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        overrides = _overrides(shapes_json, "device=cpu", f"dataset.batch_size={2 * PER_RANK_BATCH}")
-        cfg = compose("train", overrides=_transformer(overrides) if model else overrides)
+    overrides = _overrides(shapes_json, "device=cpu", f"dataset.batch_size={2 * PER_RANK_BATCH}")
+    cfg = compose_config(*(_transformer(overrides) if model else overrides))
     try:
         train(cfg, out_dir)
     finally:
@@ -131,8 +128,7 @@ def test_validation_is_gathered_to_exactly_a_single_process_decode(two_ranks, sh
     run = _run_dir(two_ranks)
     (ddp,) = json.loads((run / "history.json").read_text())
     model, vocab, _ = load_model(run / "checkpoints/last.pt")  # the weights validated after epoch 1
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("train", overrides=_overrides(shapes_json))
+    cfg = compose_config(*_overrides(shapes_json))
     _, data = build_datasets(cfg.dataset, model.encoder.transform(), splits=["val"], vocab=vocab)
     preds = decode_split(model, data["val"], beam_size=1, max_len=cfg.eval.max_len, progress=False)
     val = score_predictions(preds, data["val"], ("bleu", "cider"))
@@ -200,7 +196,7 @@ def test_torchrun_environment_is_checked(monkeypatch):
 
 
 def test_torchrun_overrides_share_rank_zeros_run_folder_and_refuse_sweeps():
-    train_yaml = Path(CONF) / "train.yaml"
+    train_yaml = CONF_DIR / "train.yaml"
     # rank 0 of a launch (here: the only process)
     (run_dir,) = distributed.torchrun_overrides(["trainer.max_epochs=1"], train_yaml)
     assert re.fullmatch(r"hydra\.run\.dir=outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", run_dir)

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_resume import BIN, assert_identical, compose_train, last_checkpoint, tiny
+from fixtures import compose_config
+from test_resume import BIN, assert_identical, last_checkpoint, tiny
 
 from captioning.train import train
 from captioning.training import precision
@@ -104,7 +105,7 @@ def reference(data_root, tmp_path_factory):
                 mp.setenv("PATH", BIN)
                 mp.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
                 inject(mp, **setups[name])
-                train(compose_train(*tiny(data_root, EPOCHS2)), out)
+                train(compose_config(*tiny(data_root, EPOCHS2)), out)
             runs[name] = out
         return runs[name]
     return get
@@ -113,7 +114,7 @@ def reference(data_root, tmp_path_factory):
 def test_a_nan_loss_skips_that_step_only(data_root, reference, tmp_path, monkeypatch, caplog):
     skipped, plain = reference("skip3"), reference("plain")  # made before the NaN is injected here
     inject(monkeypatch, nan_at=lambda k: k == 3)
-    train(compose_train(*tiny(data_root, EPOCHS2)), tmp_path)
+    train(compose_config(*tiny(data_root, EPOCHS2)), tmp_path)
     assert [h["bad_steps"] for h in history(tmp_path)] == [1, 0]
     assert all(math.isfinite(h["loss"]) for h in history(tmp_path))  # the NaN step is not in the epoch's mean
     # the run is the run whose step 3 was simply not taken (Adam's moments and step count untouched), not the plain
@@ -129,7 +130,7 @@ def test_a_non_finite_gradient_with_a_finite_loss_is_skipped_the_same_way(data_r
                                                                             monkeypatch, caplog):
     skipped = reference("skip3")
     inject(monkeypatch, inf_grad_at=frozenset({3}))
-    train(compose_train(*tiny(data_root, EPOCHS2)), tmp_path)
+    train(compose_config(*tiny(data_root, EPOCHS2)), tmp_path)
     assert [h["bad_steps"] for h in history(tmp_path)] == [1, 0]
     assert equal(weights(tmp_path), weights(skipped))
     assert any("step 3): non-finite gradient norm" in r.getMessage() for r in caplog.records)
@@ -150,7 +151,7 @@ def test_nan_from_a_step_on_stops_the_run_and_resume_continues(data_root, tmp_pa
         inject(mp, nan_at=lambda k: k >= 9)
         mp.setattr(Trainer, "save", save)
         with pytest.raises(TrainingDiverged) as err:
-            train(compose_train(*overrides), tmp_path)
+            train(compose_config(*overrides), tmp_path)
     assert str(err.value) == (
         "training diverged: 5 steps in a row had a non-finite loss or gradient norm (epoch 3, step 13); "
         "checkpoints/last.pt holds the last finite state (the end of epoch 2); lower optim.lr=0.002 or "
@@ -162,7 +163,7 @@ def test_nan_from_a_step_on_stops_the_run_and_resume_continues(data_root, tmp_pa
     assert precision.all_finite(last["model"].values())
     assert [h["bad_steps"] for h in history(tmp_path)] == [0, 4] and not (tmp_path / "metrics.json").exists()
 
-    train(compose_train(*overrides, "resume=auto"), tmp_path)  # without the NaN: it continues and finishes
+    train(compose_config(*overrides, "resume=auto"), tmp_path)  # without the NaN: it continues and finishes
     assert [h["bad_steps"] for h in history(tmp_path)] == [0, 4, 0]
     assert json.loads((tmp_path / "metrics.json").read_text())["epochs"] == 3
     assert last_checkpoint(tmp_path)["bad_in_row"] == 0
@@ -178,7 +179,7 @@ def test_a_nan_validation_score_is_no_improvement(data_root, tmp_path, monkeypat
         return {**val, "CIDEr": NAN} if calls[0] == 2 else val
 
     monkeypatch.setattr(Trainer, "validate", validate)
-    train(compose_train(*tiny(data_root, EPOCHS2, "scheduler=plateau")), tmp_path)
+    train(compose_config(*tiny(data_root, EPOCHS2, "scheduler=plateau")), tmp_path)
     first, second = history(tmp_path)
     assert math.isnan(second["val_CIDEr"])
     assert torch.load(tmp_path / "checkpoints/best.pt", weights_only=True)["epoch"] == 1  # not overwritten
@@ -191,7 +192,7 @@ def test_a_nan_validation_score_is_no_improvement(data_root, tmp_path, monkeypat
 def test_no_finite_validation_score_at_all_is_one_error_not_a_missing_file(data_root, tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "validate", lambda self: {"CIDEr": NAN, "Bleu_4": NAN})
     with pytest.raises(ValueError, match="^no epoch ended with finite weights and a finite CIDEr: no best.pt$"):
-        train(compose_train(*tiny(data_root, EPOCHS2)), tmp_path)
+        train(compose_config(*tiny(data_root, EPOCHS2)), tmp_path)
     assert not (tmp_path / "checkpoints/best.pt").exists() and last_checkpoint(tmp_path)["epoch"] == 2
 
 
@@ -210,7 +211,7 @@ def test_non_finite_weights_are_never_checkpointed(data_root, tmp_path, monkeypa
         return val
 
     monkeypatch.setattr(Trainer, "validate", validate)
-    train(compose_train(*tiny(data_root, EPOCHS2)), tmp_path)
+    train(compose_config(*tiny(data_root, EPOCHS2)), tmp_path)
     assert last_checkpoint(tmp_path)["epoch"] == 1
     assert torch.load(tmp_path / "checkpoints/best.pt", weights_only=True)["epoch"] == 1
     assert any("the end of epoch 2: the model's weights are not all finite; checkpoints/last.pt keeps the end of "
@@ -227,11 +228,11 @@ def test_a_mid_epoch_stop_after_bad_steps_resumes_with_the_same_counters(data_ro
     ref, run = tmp_path_factory.mktemp("uninterrupted"), tmp_path_factory.mktemp("stopped")
     with monkeypatch.context() as mp:
         inject(mp, **nan)
-        train(compose_train(*overrides), ref)
+        train(compose_config(*overrides), ref)
     with monkeypatch.context() as mp:
         inject(mp, **nan, stop_at=4)
         with pytest.raises(TrainingInterrupted):
-            train(compose_train(*overrides), run)
+            train(compose_config(*overrides), run)
     last = last_checkpoint(run)
     assert last["step"] == 4 and last["position"]["batch"] == 4
     assert (last["position"]["bad_steps"], last["bad_in_row"]) == (2, 2)
@@ -240,7 +241,7 @@ def test_a_mid_epoch_stop_after_bad_steps_resumes_with_the_same_counters(data_ro
 
     with monkeypatch.context() as mp:
         inject(mp, **nan)
-        train(compose_train(*overrides, "resume=auto"), run)
+        train(compose_config(*overrides, "resume=auto"), run)
     assert_identical(run, ref)
     assert [h["bad_steps"] for h in history(ref)] == [2, 0]
 
@@ -248,7 +249,7 @@ def test_a_mid_epoch_stop_after_bad_steps_resumes_with_the_same_counters(data_ro
         inject(mp, nan_at=lambda k: k in (3, 4, 5))
         with pytest.raises(TrainingDiverged, match=r"^training diverged: 3 steps in a row .* \(epoch 1, step 5\); "
                            r"checkpoints/last.pt holds the last finite state \(batch 4 of epoch 1\)"):
-            train(compose_train(*overrides, "trainer.max_bad_steps=3", "resume=auto"), again)
+            train(compose_config(*overrides, "trainer.max_bad_steps=3", "resume=auto"), again)
 
 
 def test_an_old_checkpoint_without_the_counters_resumes(data_root, tmp_path, monkeypatch):
@@ -257,20 +258,20 @@ def test_an_old_checkpoint_without_the_counters_resumes(data_root, tmp_path, mon
     with monkeypatch.context() as mp:
         inject(mp, stop_at=4)
         with pytest.raises(TrainingInterrupted):
-            train(compose_train(*overrides), tmp_path)
+            train(compose_config(*overrides), tmp_path)
     path = tmp_path / "checkpoints" / "last.pt"
     old = torch.load(path, weights_only=True)
     del old["bad_in_row"], old["position"]["bad_steps"]
     torch.save(old, path)
-    train(compose_train(*overrides, "resume=auto"), tmp_path)
+    train(compose_config(*overrides, "resume=auto"), tmp_path)
     assert [h["bad_steps"] for h in history(tmp_path)] == [0, 0]
 
 
 def test_a_lowered_learning_rate_takes_effect_on_resume(data_root, tmp_path):
     overrides = tiny(data_root, "trainer.max_epochs=1")
-    train(compose_train(*overrides), tmp_path)
+    train(compose_config(*overrides), tmp_path)
     before = last_checkpoint(tmp_path)["optimizer"]["param_groups"][0]["lr"]
-    train(compose_train(*tiny(data_root, "trainer.max_epochs=2", "optim.lr=0.001", "resume=auto")), tmp_path)
+    train(compose_config(*tiny(data_root, "trainer.max_epochs=2", "optim.lr=0.001", "resume=auto")), tmp_path)
     after = last_checkpoint(tmp_path)["optimizer"]["param_groups"][0]["lr"]
     assert after == pytest.approx(before / 2 * 0.9)  # halved, then the exponential schedule's step (gamma 0.9)
 
@@ -308,7 +309,7 @@ def test_with_a_loss_scaler_only_the_loss_is_checked():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 autocast needs CUDA")
 def test_fp16_a_nan_loss_is_a_skipped_step(data_root, tmp_path, monkeypatch):
     inject(monkeypatch, nan_at=lambda k: k == 3)
-    train(compose_train(*tiny(data_root, EPOCHS2, "trainer.precision=fp16", "device=cuda")), tmp_path)
+    train(compose_config(*tiny(data_root, EPOCHS2, "trainer.precision=fp16", "device=cuda")), tmp_path)
     assert [h["bad_steps"] for h in history(tmp_path)] == [1, 0]  # the scaler's own overflow skips are not counted
     last = last_checkpoint(tmp_path)
     assert last["scaler"]["scale"] > 0 and precision.all_finite(last["model"].values())
@@ -355,7 +356,7 @@ def test_the_command_line_says_it_diverged_in_one_line_and_how_to_continue(data_
 def test_the_config_check_knows_max_bad_steps(data_root):
     from captioning.config.schema import ConfigError, validate_train_config
 
-    validate_train_config(compose_train(*tiny(data_root)))
+    validate_train_config(compose_config(*tiny(data_root)))
     for bad in ("0", "2.5"):
         with pytest.raises(ConfigError, match=rf"trainer.max_bad_steps={bad}"):
-            validate_train_config(compose_train(*tiny(data_root, f"trainer.max_bad_steps={bad}")))
+            validate_train_config(compose_config(*tiny(data_root, f"trainer.max_bad_steps={bad}")))

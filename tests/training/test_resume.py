@@ -37,13 +37,13 @@ EPOCHS, STEPS_PER_EPOCH = 4, 6
 KILLABLE = """
 import os, signal, sys, types
 from pathlib import Path
-sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_resume, and the fixtures it imports
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # the tests' fixtures, and the package
 import captioning.base.files as ck
 import captioning.training.run_state as run_state
 import captioning.training.trainer as tr
 from captioning.train import train
 from captioning.training.stop import TrainingInterrupted
-from test_resume import compose_train
+from fixtures import compose_config
 run_state.plot_history = lambda *a, **k: None
 kind, which, n = (os.environ.get("KILL_AT") or "none::0").split(":")
 count = [0]
@@ -75,16 +75,11 @@ elif kind == "write":
         os.replace(src, dst)
     ck.os = types.SimpleNamespace(**{{**vars(os), "replace": replace}})
 try:
-    train(compose_train(*sys.argv[2:]), Path(sys.argv[1]))
+    train(compose_config(*sys.argv[2:]), Path(sys.argv[1]))
 except TrainingInterrupted as stop:
     print(stop, file=sys.stderr)
     sys.exit(130)
 """
-
-
-def compose_train(*overrides: str) -> Any:
-    """The train config of the tiny runs (dataset.root and the rest given as overrides)."""
-    return compose_config(*overrides)
 
 
 def tiny(root: Path, *extra: str) -> list[str]:
@@ -109,7 +104,7 @@ def reference(data_root, tmp_path_factory):
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("PATH", BIN)
                 mp.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
-                train(compose_train(*tiny(data_root, *ATTENTION[attention])), out)
+                train(compose_config(*tiny(data_root, *ATTENTION[attention])), out)
             runs[attention] = out
         return runs[attention]
     return get
@@ -186,7 +181,7 @@ def killed_run(out: Path, overrides: list[str], kill_at: str | None = None, time
 
 
 def resume_and_compare(out: Path, overrides: list[str], ref: Path) -> None:
-    train(compose_train(*overrides, "resume=auto"), out)
+    train(compose_config(*overrides, "resume=auto"), out)
     assert_identical(out, ref)
 
 
@@ -194,7 +189,7 @@ def resume_and_compare(out: Path, overrides: list[str], ref: Path) -> None:
 def test_stop_at_an_epoch_end_then_resume_is_bit_identical(data_root, reference, tmp_path, attention):
     ref = reference(attention)
     overrides = tiny(data_root, *ATTENTION[attention])
-    train(compose_train(*overrides, "trainer.max_epochs=2"), tmp_path)
+    train(compose_config(*overrides, "trainer.max_epochs=2"), tmp_path)
     assert [h["epoch"] for h in json.loads((tmp_path / "history.json").read_text())] == [1, 2]
     resume_and_compare(tmp_path, overrides, ref)
     # the uninterrupted run did learn, and its history names the 4 epochs: the comparison is not vacuous
@@ -322,7 +317,7 @@ def scst_reference(data_root, reference, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", BIN)
         mp.setattr("captioning.training.run_state.plot_history", lambda *a, **k: None)
-        train(compose_train(*scst(data_root, reference("hard"))), out)
+        train(compose_config(*scst(data_root, reference("hard"))), out)
     return out
 
 
@@ -340,5 +335,5 @@ def test_scst_killed_mid_epoch_then_resumed_is_bit_identical(data_root, referenc
 
 def test_scst_stopped_at_an_epoch_end_then_resumed_is_bit_identical(data_root, reference, scst_reference, tmp_path):
     overrides = scst(data_root, reference("hard"))
-    train(compose_train(*overrides, "trainer.max_epochs=2"), tmp_path)
+    train(compose_config(*overrides, "trainer.max_epochs=2"), tmp_path)
     resume_and_compare(tmp_path, overrides, scst_reference)

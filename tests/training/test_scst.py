@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from fixtures import TINY_ENCODER, TINY_MODEL, compose_config, tiny_overrides
-from hydra import compose, initialize_config_dir
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
 from captioning.data.readers.karpathy import read_karpathy
@@ -32,9 +31,6 @@ from captioning.training.losses import MovingAverageBaseline, leave_one_out_base
 from captioning.training.objectives import LossContext, SelfCritical, self_critical_baseline
 from captioning.training.scst.rewards import CaptionReward
 from captioning.training.scst.sampling import Samples, sample_captions
-
-CONF = str(CONF_DIR)
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/training/conftest.py
 
@@ -283,8 +279,8 @@ def test_the_estimator_is_unbiased_for_the_exact_gradient_of_the_expected_reward
 
 
 # -- every attention and decoder, cached annotations, bf16 ----------------------------------------------------
-ATTENTIONS = sorted(p.stem for p in (Path(CONF) / "attention").glob("*.yaml"))
-DECODERS = sorted(p.stem for p in (Path(CONF) / "decoder").glob("*.yaml"))
+ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
+DECODERS = sorted(p.stem for p in (CONF_DIR / "decoder").glob("*.yaml"))
 SMALL = ["attention.attention_dim=8", "attention.head_dim=4", "attention.num_heads=2", "attention.predictor_dim=8",
          "attention.num_filters=4", "attention.expected_context_prob=0.0", "decoder.embed_dim=8",
          "decoder.hidden_dim=16", "decoder.d_model=8", "decoder.num_heads=2", "decoder.ff_dim=16", *TINY_ENCODER]
@@ -388,15 +384,13 @@ def test_scst_under_torchrun_with_two_ranks(shapes_json, tmp_path):
     """2 processes (gloo, CPU): each rank samples, scores and baselines its own images; DDP averages gradients."""
     from test_distributed import _overrides, _torchrun
 
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        xe_cfg = compose("train", overrides=_overrides(shapes_json, "dataset.batch_size=8", "device=cpu"))
+    xe_cfg = compose_config(*_overrides(shapes_json, "dataset.batch_size=8", "device=cpu"))
     train(xe_cfg, tmp_path / "xe")
     for attention in ("soft", "hard"):
         extra = ["attention=hard", "attention.expected_context_prob=0.0"] if attention == "hard" else []
         if attention == "hard":
-            with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-                train(compose("train", overrides=_overrides(shapes_json, "dataset.batch_size=8", "device=cpu", *extra)),
-                      tmp_path / "xe_hard")
+            train(compose_config(*_overrides(shapes_json, "dataset.batch_size=8", "device=cpu", *extra)),
+                  tmp_path / "xe_hard")
         xe = tmp_path / ("xe_hard" if attention == "hard" else "xe")
         run = tmp_path / f"scst_{attention}"
         _torchrun(2, _overrides(shapes_json, "dataset.batch_size=4", "objective=scst", "objective.max_len=8",
