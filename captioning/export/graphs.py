@@ -63,6 +63,19 @@ def unflatten_state(template: Any, leaves: Sequence[torch.Tensor]) -> Any:
     return build(template)
 
 
+def distinct(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A graph's outputs, each a tensor of its own: one that is also an input (a state entry a step passes through
+    unchanged, as Luong's h~ without input feeding) or an earlier output is copied. An exported graph names each value
+    once: an output that is an input renames that input to the output's name (`state_out_2`), and the runner, which
+    feeds `state_in_*`, fails on the missing input."""
+    seen = {id(t) for t in inputs}
+    out = []
+    for t in outputs:
+        out.append(t.clone() if id(t) in seen else t)
+        seen.add(id(t))
+    return tuple(out)
+
+
 class EncoderGraph(nn.Module):
     """images (B, 3, H, W) -> a (B, L, D)."""
 
@@ -83,7 +96,7 @@ class InitGraph(nn.Module):
 
     def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
         keys = self.decoder.attention.prepare(a, self.grid)  # (B, L, A) or (B, h, w, A)
-        return (keys, *flatten_state(self.decoder.init_state(a, None))[0])
+        return distinct((keys, *flatten_state(self.decoder.init_state(a, None))[0]), (a,))
 
 
 class StepGraph(nn.Module):
@@ -96,7 +109,7 @@ class StepGraph(nn.Module):
     def forward(self, words: torch.Tensor, a: torch.Tensor, keys: torch.Tensor,
                 *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logits, new, att = self.decoder.step(words, unflatten_state(self.template, state), a, keys, None)
-        return (logits, att.alpha, *flatten_state(new)[0])
+        return distinct((logits, att.alpha, *flatten_state(new)[0]), (words, a, keys, *state))
 
 
 def refusal(model: Captioner) -> str | None:
