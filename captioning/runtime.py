@@ -1,4 +1,4 @@
-"""Where a process runs: the conf/ folder, the device, the seed (one copy each, for every entry point).
+"""Where a process runs: the config groups (conf/), the device, the seed (one copy each, for every entry point).
 
 torch and NumPy are imported by the functions that use them, so a command that only needs CONF_DIR (its --help,
 a misspelt override) answers before torch has loaded (tests/tools/test_cli_startup.py)."""
@@ -12,8 +12,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-# The config groups live in the top-level conf/ folder of the source tree (installed with `pip install -e`).
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _conf_dir() -> Path:
+    """The config groups: the top-level conf/ of a source tree (a checkout, `pip install -e`), where they are edited,
+    else the copy the build step put into the installed package (a wheel, `pip install .` or `pip install git+...`:
+    setup.py copies conf/ into captioning/conf/; there is no second copy in the source tree)."""
+    package = Path(__file__).resolve().parent
+    source = package.parent / "conf"
+    if (package.parent / "pyproject.toml").is_file() and (source / "train.yaml").is_file():
+        return source
+    return package / "conf"
+
+
+CONF_DIR = _conf_dir()
 
 
 class DeviceError(ValueError):

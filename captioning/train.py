@@ -138,7 +138,9 @@ def log_implied_choices() -> None:
         return
     hydra_cfg = HydraConfig.get()
     chosen = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
-    for line in implied_choices(hydra_cfg.runtime.choices, CONF_DIR, chosen):
+    own = [Path(entry.removeprefix("file://")).absolute() for entry in hydra_cfg.searchpath
+           if entry.startswith("file://")]  # a user's config folders (hydra.searchpath=[file://my_conf])
+    for line in implied_choices(hydra_cfg.runtime.choices, [CONF_DIR, *own], chosen):
         logger.info(line)
 
 

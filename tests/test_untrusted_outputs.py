@@ -18,7 +18,7 @@ from fixtures import TINY_MODEL, compose_config
 from PIL import Image
 
 from captioning.base.files import NoFollowFileHandler, append_bytes, write_text_atomic
-from captioning.base.lock import LOCK_NAME, FolderInUseError, FolderLock
+from captioning.base.lock import LOCK_NAME, FolderInUseError
 from captioning.base.messages import one_line, printable
 from captioning.checkpoint import save_checkpoint
 from captioning.data.readers.karpathy import read_karpathy
@@ -182,14 +182,6 @@ def test_a_second_evaluation_into_a_folder_in_use_is_refused(shapes_json, tmp_pa
     proc.kill()
     proc.wait()
     assert "Bleu_4" in evaluate(_evaluate_cfg(ckpt, tmp_path / "data"), folder)  # the lock dies with its holder
-
-
-def test_the_lock_is_exclusive_within_one_process_too(tmp_path):
-    with FolderLock(tmp_path / "cache", "feature extraction"):
-        with pytest.raises(FolderInUseError, match="in use by another feature extraction"):
-            FolderLock(tmp_path / "cache", "feature extraction").acquire()
-    with FolderLock(tmp_path / "cache", "feature extraction"):  # released at the end of the block
-        pass
 
 
 # -- 8. symlinks planted in an output folder; control characters in names --------------------------------------

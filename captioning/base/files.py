@@ -122,7 +122,8 @@ def atomic_file(path: str | os.PathLike, *, fsync: bool = True) -> Iterator[Bina
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-            os.fchmod(f.fileno(), _mode(path))
+            if hasattr(os, "fchmod"):  # Windows before Python 3.13 has none (and no POSIX permissions to keep)
+                os.fchmod(f.fileno(), _mode(path))
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -147,8 +148,12 @@ def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8
 
 def open_no_follow(path: str | os.PathLike, flags: int) -> int:
     """os.open(path, flags | O_CREAT) that never opens through a symlink: a symlink found at `path` is replaced by a
-    new, empty file (as atomic_file replaces one), its target left untouched."""
-    flags |= os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    new, empty file (as atomic_file replaces one), its target left untouched. Binary (no newline translation on
+    Windows); where there is no O_NOFOLLOW (Windows), a symlink is looked for before the file is opened."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    flags |= os.O_CREAT | nofollow | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    if not nofollow and os.path.islink(path):
+        os.unlink(path)
     try:
         return os.open(path, flags, 0o666)
     except OSError:

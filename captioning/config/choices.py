@@ -5,7 +5,7 @@ them at the start of a run, so a choice that changes other groups says so where 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +14,30 @@ import yaml
 GLOBAL = "# @package _global_"
 
 
-def _file(conf_dir: Path, group: str, option: str) -> tuple[dict[str, Any], bool]:
+def _path(conf_dirs: Sequence[Path], group: str, option: str) -> Path | None:
+    """A group file in the first folder that has it (conf/, then a user's hydra.searchpath folders, as Hydra reads)."""
+    return next((p for d in conf_dirs if (p := d / group / f"{option}.yaml").is_file()), None)
+
+
+def _file(conf_dirs: Sequence[Path], group: str, option: str) -> tuple[dict[str, Any], bool]:
     """A group file's content and whether it is `@package _global_` ({} for a file that is not there)."""
-    path = conf_dir / group / f"{option}.yaml"
-    if not path.is_file():
+    if (path := _path(conf_dirs, group, option)) is None:
         return {}, False
     text = path.read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     return (data if isinstance(data, dict) else {}), GLOBAL in text.split("\n", 3)[:3]
 
 
-def _overrides(conf_dir: Path, group: str, option: str, seen: set[str]) -> Iterator[tuple[str, str]]:
+def _overrides(conf_dirs: Sequence[Path], group: str, option: str, seen: set[str]) -> Iterator[tuple[str, str]]:
     """(group, option) of every `override` entry in a file's defaults list and in the same group's parts it
     extends (experiment=coco_soft -> _paper_soft -> _paper), in the order Hydra reads them."""
     if option in seen:
         return
     seen.add(option)
-    data, _ = _file(conf_dir, group, option)
+    data, _ = _file(conf_dirs, group, option)
     for entry in data.get("defaults") or []:
         if isinstance(entry, str) and entry != "_self_":  # a part of the same group this file extends
-            yield from _overrides(conf_dir, group, entry.split("@")[0], seen)
+            yield from _overrides(conf_dirs, group, entry.split("@")[0], seen)
         elif isinstance(entry, dict):
             for key, value in entry.items():
                 if isinstance(key, str) and key.startswith("override ") and isinstance(value, str):
@@ -41,9 +45,9 @@ def _overrides(conf_dir: Path, group: str, option: str, seen: set[str]) -> Itera
                     yield (target[1:] if target.startswith("/") else f"{group}/{target}"), value
 
 
-def _global_keys(conf_dir: Path, group: str, option: str) -> list[str]:
+def _global_keys(conf_dirs: Sequence[Path], group: str, option: str) -> list[str]:
     """The sections (and their keys) a `@package _global_` group file sets outside its own group."""
-    data, is_global = _file(conf_dir, group, option)
+    data, is_global = _file(conf_dirs, group, option)
     if not is_global:
         return []
     out = []
@@ -56,19 +60,24 @@ def _global_keys(conf_dir: Path, group: str, option: str) -> list[str]:
     return out
 
 
-def implied_choices(choices: Mapping[str, str | None], conf_dir: Path, chosen: Collection[str] = ()) -> list[str]:
+def implied_choices(choices: Mapping[str, str | None], conf_dir: Path | Sequence[Path],
+                    chosen: Collection[str] = ()) -> list[str]:
     """One line for each group choice that also selects another group's option or sets another group's keys, e.g.
     'decoder=transformer selects attention=multihead, optim=transformer_adam (conf/decoder/transformer.yaml)'.
-    `choices`: Hydra's runtime choices (group -> option); `chosen`: the groups the command line chose, whose
-    choice no file made. A selection a later choice replaced is not named."""
+    `choices`: Hydra's runtime choices (group -> option); `conf_dir`: conf/, or conf/ and a user's config folders
+    (a file of theirs is named by its full path); `chosen`: the groups the command line chose, whose choice no file
+    made. A selection a later choice replaced is not named."""
+    conf_dirs = [conf_dir] if isinstance(conf_dir, Path) else list(conf_dir)
     lines = []
     for group, option in choices.items():
         if option is None or group.startswith("hydra"):
             continue
-        selects = [f"{g}={o}" for g, o in dict(_overrides(conf_dir, group, option, set())).items()
+        selects = [f"{g}={o}" for g, o in dict(_overrides(conf_dirs, group, option, set())).items()
                    if choices.get(g) == o and g not in chosen and g != group]
-        sets = [] if group == "experiment" else _global_keys(conf_dir, group, option)  # a preset may set anything
+        sets = [] if group == "experiment" else _global_keys(conf_dirs, group, option)  # a preset may set anything
         said = [*(["selects " + ", ".join(selects)] if selects else []), *(["sets " + ", ".join(sets)] if sets else [])]
         if said:
-            lines.append(f"{group}={option} {' and '.join(said)} (conf/{group}/{option}.yaml)")
+            path = _path(conf_dirs, group, option)
+            where = f"conf/{group}/{option}.yaml" if path is None or path.is_relative_to(conf_dirs[0]) else path
+            lines.append(f"{group}={option} {' and '.join(said)} ({where})")
     return lines

@@ -6,6 +6,10 @@ mistake: `atention=hard: unknown config group or key (did you mean 'attention'?)
 `attention=sofft: no such choice in attention/ (choose one of ...; did you mean 'soft'?)`,
 `decoder.dropuot=0.2: unknown key (did you mean 'dropout'?)`. Overrides with a `+`, `++` or `~` prefix, Hydra's own
 `hydra.*` keys and sweeps' later values are left to Hydra; values are checked after composition by the schema.
+
+A user's own config folders, added with Hydra's `hydra.searchpath=[file://my_conf]`, count as part of conf/: their
+groups and options are known here (conf/ first where both have a file, as in Hydra), and a folder that does not
+exist is one line.
 """
 
 from __future__ import annotations
@@ -27,15 +31,38 @@ class OverrideError(ValueError):
     """A command-line override that names no config group, choice or key."""
 
 
-def _choices(conf_dir: Path, group: str) -> list[str]:
+def _choices(conf_dirs: Sequence[Path], group: str) -> list[str]:
     """A group's options; a file named _*.yaml is a part other options extend (conf/objective/_terms.yaml)."""
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
+    return sorted({p.stem for d in conf_dirs for p in (d / group).glob("*.yaml") if not p.stem.startswith("_")})
 
 
-def _groups(conf_dir: Path) -> list[str]:
+def _groups(conf_dirs: Sequence[Path]) -> list[str]:
     """Config groups under conf/ (folders with YAML files), nested ones as 'dataset/reader'; hydra/ is Hydra's."""
-    return sorted(str(p.parent.relative_to(conf_dir)) for p in conf_dir.rglob("*.yaml")
-                  if p.parent != conf_dir and p.parent.relative_to(conf_dir).parts[0] != "hydra")
+    return sorted({p.parent.relative_to(d).as_posix() for d in conf_dirs for p in d.rglob("*.yaml")
+                   if p.parent != d and p.parent.relative_to(d).parts[0] != "hydra"})
+
+
+def search_dirs(argv: Sequence[str]) -> list[Path]:
+    """The folders of `hydra.searchpath=[file://A,file://B]` on a command line (relative ones from the current
+    folder, as Hydra reads them; `pkg://` entries are Hydra's alone). OverrideError for a folder that is not there."""
+    dirs = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") != "hydra.searchpath" or not value:
+            continue
+        try:
+            (override,) = OverridesParser.create().parse_overrides([arg])
+            entries = override.value()
+        except HydraException as err:
+            raise OverrideError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if isinstance(entry, str) and entry.startswith("file://"):
+                folder = Path(entry.removeprefix("file://")).absolute()
+                if not folder.is_dir():
+                    raise OverrideError(f"{arg}: no folder {folder} (a config folder to search: give its path after "
+                                        "file://, absolute or from the current folder)")
+                dirs.append(folder)
+    return dirs
 
 
 def _has_key(cfg: Any, dotted: str) -> tuple[bool, str, list[str]]:
@@ -62,7 +89,9 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as err:
         raise OverrideError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
-    groups = _groups(conf_dir)
+    searched = [a for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
+    conf_dirs = [conf_dir, *search_dirs(searched)]
+    groups = _groups(conf_dirs)
     chosen: list[str] = []  # group choices (their first value), which decide the keys that exist
     plain = [o for o in overrides if not (o.is_add() or o.is_force_add() or o.is_delete())
              and not o.key_or_group.startswith("hydra")]
@@ -71,14 +100,14 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
     if not plain and not validating:
         return  # nothing to check (`--help`, `--cfg job`): no config composed for nothing
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        top = compose(config_name)
+        top = compose(config_name, overrides=searched)
         for o in plain:
             key, text = o.key_or_group, o.input_line
             if key in groups:
                 sweep = o.is_sweep_override()
                 values = [str(v) for v in o.sweep_string_iterator()] if sweep else [o.get_value_element_as_str()]
                 for value in values:
-                    options = _choices(conf_dir, key)
+                    options = _choices(conf_dirs, key)
                     if value not in options and value != "null":
                         hint = did_you_mean(value, options).strip(" ()") or ""
                         raise OverrideError(f"{text}: no such choice in {key}/ (choose one of {', '.join(options)}"
@@ -88,7 +117,7 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
                 names = sorted({*groups, *(str(k) for k in top.keys())})
                 raise OverrideError(f"{text}: unknown config group or key{did_you_mean(key, names)}")
         try:
-            cfg = compose(config_name, overrides=chosen) if chosen else top  # no choice changed: the same config
+            cfg = compose(config_name, overrides=[*searched, *chosen]) if chosen else top  # else the same config
         except (HydraException, OmegaConfBaseException):
             return  # a choice that does not compose is Hydra's to report
     for o in plain:
@@ -102,8 +131,8 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
     if validate is not None and validating:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             try:
-                full = compose(config_name, overrides=[str(o.input_line) for o in overrides
-                                                       if not o.key_or_group.lstrip("+~").startswith("hydra")])
+                full = compose(config_name, overrides=[*searched, *(str(o.input_line) for o in overrides
+                                                                     if not o.key_or_group.startswith("hydra"))])
             except (HydraException, OmegaConfBaseException):
                 return  # Hydra reports it when it composes the same overrides
         validate(full)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,7 +16,6 @@ from pathlib import Path
 import pytest
 from fixtures import tiny_overrides
 
-from captioning.base.lock import FolderInUseError, FolderLock
 from captioning.data.shapes.generate import build_shapes
 
 SHAPES = {"seed": 3, "num_train": 120, "num_val": 12, "num_test": 12, "image_size": 32, "object_scale": 1.0}
@@ -120,50 +117,7 @@ def test_a_feature_cache_filled_by_four_processes_at_once_is_one_cache(tmp_path:
     assert _digests(tmp_path / "together") == _digests(tmp_path / "once")
 
 
-# ------------------------------------------------------------------------------------- the lock itself
-def test_a_waiting_lock_waits_for_the_holder_then_takes_it(tmp_path: Path,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
-        from captioning.base.lock import FolderLock
-        with FolderLock({str(tmp_path)!r}, "test"):
-            print("held", flush=True)
-            time.sleep(1.0)
-    """)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    with pytest.raises(FolderInUseError, match=rf"in use by another test \(PID {holder.pid}\)"):
-        FolderLock(tmp_path, "test").acquire()
-    start = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="captioning.base.lock"):
-        lock = FolderLock(tmp_path, "shapes generation", wait=True)
-        assert lock.acquire() is True  # it had to wait
-    assert holder.wait(timeout=30) == 0 and time.monotonic() - start > 0.2
-    assert [r.getMessage() for r in caplog.records] == [
-        f"waiting for PID {holder.pid}'s shapes generation in {tmp_path} to end"]
-    assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
-    lock.release()
-    again = FolderLock(tmp_path, "test", wait=True)
-    assert again.acquire() is False  # free: taken at once
-    again.release()
-
-
-def test_a_killed_holder_never_blocks(tmp_path: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from captioning.base.lock import FolderLock
-        FolderLock({str(tmp_path)!r}, "test").acquire()
-        print("held", flush=True)
-        time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    os.kill(holder.pid, signal.SIGKILL)
-    holder.wait(timeout=30)
-    assert (tmp_path / ".lock").read_text().strip() == str(holder.pid)  # a stale PID stays in the file
-    lock = FolderLock(tmp_path, "shapes generation", wait=True)
-    assert lock.acquire() is False
-    lock.release()
-
-
+# The lock itself: tests/base/test_lock.py.
 def test_generation_ignores_its_own_lock_file(tmp_path: Path) -> None:
     """A lock file left by a killed generator (nothing else in the folder) is not "other files" to refuse."""
     (tmp_path / "shapes").mkdir()
