@@ -1,8 +1,8 @@
 """One run per folder: an OS lock on the run folder, and what a run may do with a folder that already holds one.
 
-A run holds `fcntl.flock` on `<run>/.lock` (its PID written inside) for its whole life (captioning/base/lock.py,
-shared with captioning-evaluate and captioning-extract-features); the OS drops the lock when the process ends,
-however it ends (kill -9 included), so a dead run never blocks the next one. Under the
+A run holds an OS lock (flock; msvcrt.locking on Windows) on `<run>/.lock` (its PID written inside) for its whole
+life (captioning/base/lock.py, shared with captioning-evaluate and captioning-extract-features); the OS drops the
+lock when the process ends, however it ends (kill -9 included), so a dead run never blocks the next one. Under the
 lock, `RunFolder.claim` applies the folder policy (a folder "holds a run" once it has config.yaml or checkpoints/):
 
 - a new or empty folder: a new run starts. `resume=auto` is accepted there and starts the run, so a job script
