@@ -179,11 +179,17 @@ def main() -> None:
     sys.argv[1:] = rename_moved(sys.argv[1:])
     # typos, bad values, missing files, a device this machine lacks: one line, before Hydra makes a run folder
     run_cli(lambda: check_overrides(sys.argv[1:], CONF_DIR, "train", validate_train_config), PROG)
+    if not torchrun:
+        hydra_main()
+        return
+    code: int | str | None = 0
     try:
         hydra_main()
+    except SystemExit as stop:
+        code = stop.code
     finally:
-        if torchrun:
-            distributed.cleanup()
+        distributed.cleanup()
+    distributed.exit_process(code)  # past torch's teardown at exit, which aborts now and then (see there)
 
 
 if __name__ == "__main__":

@@ -223,3 +223,24 @@ def test_two_ranks_train_the_transformer_like_one_process(shapes_json, tmp_path,
             d = w_ref[k].shape[0] // 3  # q, k, v: compare the query and value biases
             w_ddp[k], w_ref[k] = torch.cat([w_ddp[k][:d], w_ddp[k][2 * d:]]), torch.cat([w_ref[k][:d], w_ref[k][2 * d:]])
         assert torch.allclose(w_ddp[k], w_ref[k], rtol=0, atol=1e-5), k
+
+
+EXIT_SCRIPT = """
+import atexit, pathlib, sys
+from captioning.training import distributed
+atexit.register(lambda: pathlib.Path(sys.argv[1]).write_text("atexit ran"))
+print("unflushed", end="")
+distributed.exit_process(eval(sys.argv[2]))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("code, status, stderr", [(None, 0, ""), (0, 0, ""), (130, 130, ""),
+                                                  ("captioning-train: stopped", 1, "captioning-train: stopped\n")])
+def test_a_worker_leaves_with_its_exit_status_after_pythons_exit_work(tmp_path, code, status, stderr):
+    """A torchrun worker ends through distributed.exit_process (past torch's teardown at exit): SystemExit's code
+    as the status, Python's exit handlers run and what was printed is flushed."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / "flag"), repr(code)],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (status, "unflushed", stderr)
+    assert (tmp_path / "flag").read_text() == "atexit ran"
