@@ -44,6 +44,15 @@ def stopped(prog: str, message: str = "stopped by Ctrl-C") -> NoReturn:
     sys.exit(EXIT_INTERRUPTED)
 
 
+def exit_status(stop: SystemExit) -> int:
+    """The status Python exits with for `stop`: its code, 0 for None; a message (sys.exit("...")) is printed on
+    stderr, as Python prints it, and gives 1. For a process that must end by os._exit (distributed.exit_process)."""
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
 def _in_hydra_multirun() -> bool:
     if "hydra" not in sys.modules:
         return False

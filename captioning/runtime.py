@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 def _conf_dir() -> Path:
     """The config groups: the top-level conf/ of a source tree (a checkout, `pip install -e`), where they are edited,
     else the copy the build step put into the installed package (a wheel, `pip install .` or `pip install git+...`:

@@ -25,10 +25,10 @@ from captioning.base.files import write_text_atomic
 from captioning.base.lock import LOCK_NAME
 from captioning.checkpoint import check_checkpoint_file, read_checkpoint, same_model
 from captioning.checkpoint.moved import moved_override
-from captioning.cli import EXPECTED_ERRORS, no_unused_folder, run_cli, stopped
+from captioning.cli import EXPECTED_ERRORS, exit_status, no_unused_folder, run_cli, stopped
 from captioning.config.choices import implied_choices
 from captioning.config.help import bare_help
-from captioning.config.overrides import check_overrides
+from captioning.config.overrides import check_overrides, searched_folder
 from captioning.runtime import CONF_DIR
 
 PROG = "captioning-train"
@@ -138,8 +138,7 @@ def log_implied_choices() -> None:
         return
     hydra_cfg = HydraConfig.get()
     chosen = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
-    own = [Path(entry.removeprefix("file://")).absolute() for entry in hydra_cfg.searchpath
-           if entry.startswith("file://")]  # a user's config folders (hydra.searchpath=[file://my_conf])
+    own = [f for entry in hydra_cfg.searchpath if (f := searched_folder(entry)) is not None]  # a user's folders
     for line in implied_choices(hydra_cfg.runtime.choices, [CONF_DIR, *own], chosen):
         logger.info(line)
 
@@ -182,14 +181,14 @@ def main() -> None:
     if not torchrun:
         hydra_main()
         return
-    code: int | str | None = 0
+    status = 0
     try:
         hydra_main()
     except SystemExit as stop:
-        code = stop.code
+        status = exit_status(stop)
     finally:
         distributed.cleanup()
-    distributed.exit_process(code)  # past torch's teardown at exit, which aborts now and then (see there)
+    distributed.exit_process(status)  # past torch's teardown at exit, which aborts now and then (see there)
 
 
 if __name__ == "__main__":

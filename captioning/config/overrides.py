@@ -20,6 +20,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -42,25 +43,24 @@ def _groups(conf_dirs: Sequence[Path]) -> list[str]:
                    if p.parent != d and p.parent.relative_to(d).parts[0] != "hydra"})
 
 
-def search_dirs(argv: Sequence[str]) -> list[Path]:
-    """The folders of `hydra.searchpath=[file://A,file://B]` on a command line (relative ones from the current
-    folder, as Hydra reads them; `pkg://` entries are Hydra's alone). OverrideError for a folder that is not there."""
+def searched_folder(entry: Any) -> Path | None:
+    """The folder of one `hydra.searchpath` entry, `file://my_conf` (a relative one from the current folder, as
+    Hydra reads it); None for an entry that is not a file:// path (`pkg://` entries are Hydra's alone)."""
+    if isinstance(entry, str) and entry.startswith("file://"):
+        return Path(entry.removeprefix("file://")).absolute()
+    return None
+
+
+def search_dirs(searchpaths: Sequence[Override]) -> list[Path]:
+    """The folders of `hydra.searchpath=[file://A,file://B]` overrides; OverrideError for one that is not there."""
     dirs = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key.lstrip("+") != "hydra.searchpath" or not value:
-            continue
-        try:
-            (override,) = OverridesParser.create().parse_overrides([arg])
-            entries = override.value()
-        except HydraException as err:
-            raise OverrideError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+    for override in searchpaths:
+        entries = override.value()
         for entry in entries if isinstance(entries, list) else [entries]:
-            if isinstance(entry, str) and entry.startswith("file://"):
-                folder = Path(entry.removeprefix("file://")).absolute()
+            if (folder := searched_folder(entry)) is not None:
                 if not folder.is_dir():
-                    raise OverrideError(f"{arg}: no folder {folder} (a config folder to search: give its path after "
-                                        "file://, absolute or from the current folder)")
+                    raise OverrideError(f"{override.input_line}: no folder {folder} (a config folder to search: give "
+                                        "its path after file://, absolute or from the current folder)")
                 dirs.append(folder)
     return dirs
 
@@ -89,8 +89,9 @@ def check_overrides(argv: Sequence[str], conf_dir: Path, config_name: str,
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as err:
         raise OverrideError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
-    searched = [a for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
-    conf_dirs = [conf_dir, *search_dirs(searched)]
+    searchpaths = [o for o in overrides if o.key_or_group == "hydra.searchpath" and not o.is_delete()]
+    conf_dirs = [conf_dir, *search_dirs(searchpaths)]
+    searched = [str(o.input_line) for o in searchpaths]  # composed with every config below
     groups = _groups(conf_dirs)
     chosen: list[str] = []  # group choices (their first value), which decide the keys that exist
     plain = [o for o in overrides if not (o.is_add() or o.is_force_add() or o.is_delete())

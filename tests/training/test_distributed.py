@@ -227,10 +227,11 @@ def test_two_ranks_train_the_transformer_like_one_process(shapes_json, tmp_path,
 
 EXIT_SCRIPT = """
 import atexit, pathlib, sys
+from captioning.cli import exit_status
 from captioning.training import distributed
 atexit.register(lambda: pathlib.Path(sys.argv[1]).write_text("atexit ran"))
 print("unflushed", end="")
-distributed.exit_process(eval(sys.argv[2]))
+distributed.exit_process(exit_status(SystemExit(eval(sys.argv[2]))))
 """
 
 
@@ -239,7 +240,7 @@ distributed.exit_process(eval(sys.argv[2]))
                                                   ("captioning-train: stopped", 1, "captioning-train: stopped\n")])
 def test_a_worker_leaves_with_its_exit_status_after_pythons_exit_work(tmp_path, code, status, stderr):
     """A torchrun worker ends through distributed.exit_process (past torch's teardown at exit): SystemExit's code
-    as the status, Python's exit handlers run and what was printed is flushed."""
+    as the status (cli.exit_status), Python's exit handlers run and what was printed is flushed."""
     proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / "flag"), repr(code)],
                           capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (status, "unflushed", stderr)
