@@ -27,6 +27,12 @@ CHILD = textwrap.dedent("""
     from pathlib import Path
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     job, go, root, overrides = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
+
+    def ready_then_wait():
+        Path(f"{go}.ready-{os.getpid()}").touch()
+        while not go.exists():
+            time.sleep(0.005)
+
     if job == "shapes":
         from captioning.data.shapes.generate import build_shapes
         import json
@@ -37,14 +43,23 @@ CHILD = textwrap.dedent("""
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("extract_features" if job == "features" else "train", overrides=overrides)
         if job == "features":
-            from captioning.tools.extract_features import extract
-            run = lambda: extract(cfg)
+            from captioning.tools import extract_features as tool
+
+            class ReleasedAtTheLock(tool.FolderLock):
+                \"\"\"Extraction builds its encoder before it takes the folder's lock: released there, so that
+                building it (its time varies with the load) cannot let one process finish before the others ask.\"\"\"
+
+                def acquire(self):
+                    ready_then_wait()
+                    return super().acquire()
+
+            tool.FolderLock = ReleasedAtTheLock
+            run = lambda: tool.extract(cfg)
         else:
             from captioning.tools.prepare import prepare
             run = lambda: prepare(cfg.dataset)
-    Path(f"{go}.ready-{os.getpid()}").touch()
-    while not go.exists():
-        time.sleep(0.005)
+    if job != "features":
+        ready_then_wait()
     run()
 """)
 
@@ -61,7 +76,8 @@ def _manifest_without_time(path: Path) -> dict:
 
 
 def _together(tmp_path: Path, job: str, root: Path, *args: str, n: int = PROCESSES) -> list[str]:
-    """Run `job` in n processes released at the same moment; returns each one's log (all must succeed)."""
+    """Run `job` in n processes released at the same moment (feature extraction: at its lock); returns each one's
+    log (all must succeed)."""
     go = tmp_path / f"go-{job}-{len(list(tmp_path.glob('go-*')))}"  # a new one for each call
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, job, str(go), str(root), *args], cwd=tmp_path, env=env,
