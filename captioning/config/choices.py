@@ -60,14 +60,13 @@ def _global_keys(conf_dirs: Sequence[Path], group: str, option: str) -> list[str
     return out
 
 
-def implied_choices(choices: Mapping[str, str | None], conf_dir: Path | Sequence[Path],
+def implied_choices(choices: Mapping[str, str | None], conf_dirs: Sequence[Path],
                     chosen: Collection[str] = ()) -> list[str]:
     """One line for each group choice that also selects another group's option or sets another group's keys, e.g.
     'decoder=transformer selects attention=multihead, optim=transformer_adam (conf/decoder/transformer.yaml)'.
-    `choices`: Hydra's runtime choices (group -> option); `conf_dir`: conf/, or conf/ and a user's config folders
-    (a file of theirs is named by its full path); `chosen`: the groups the command line chose, whose choice no file
+    `choices`: Hydra's runtime choices (group -> option); `conf_dirs`: conf/, then a user's config folders (a
+    file of theirs is named by its full path); `chosen`: the groups the command line chose, whose choice no file
     made. A selection a later choice replaced is not named."""
-    conf_dirs = [conf_dir] if isinstance(conf_dir, Path) else list(conf_dir)
     lines = []
     for group, option in choices.items():
         if option is None or group.startswith("hydra"):

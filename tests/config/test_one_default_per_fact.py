@@ -156,7 +156,7 @@ def _implied(*overrides: str) -> list[str]:
     from captioning.config.choices import implied_choices
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
-    return implied_choices(cfg.hydra.runtime.choices, CONF_DIR, {o.split("=")[0] for o in overrides})
+    return implied_choices(cfg.hydra.runtime.choices, [CONF_DIR], {o.split("=")[0] for o in overrides})
 
 
 def test_a_choice_that_chooses_for_other_groups_says_so():

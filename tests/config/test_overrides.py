@@ -89,4 +89,4 @@ def test_what_an_own_preset_selects_is_logged_with_its_path(own_conf):
     assert cfg.decoder._target_ == "updown" and cfg.trainer.patience == 3
     lines = implied_choices(cfg.hydra.runtime.choices, [CONF_DIR, own_conf], {"experiment"})
     assert lines == [f"experiment=mine selects decoder=updown ({own_conf / 'experiment' / 'mine.yaml'})"]
-    assert implied_choices(cfg.hydra.runtime.choices, CONF_DIR, {"experiment"}) == []  # its file not searched
+    assert implied_choices(cfg.hydra.runtime.choices, [CONF_DIR], {"experiment"}) == []  # its file not searched
