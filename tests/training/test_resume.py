@@ -216,9 +216,10 @@ def test_kill_9_mid_epoch_then_resume_is_bit_identical(data_root, reference, tmp
                 first["at"] = time.monotonic()
             return "at" in first and time.monotonic() - first["at"] >= delay
 
-        assert killed_run(out, overrides, kill_when=checkpointed) == -signal.SIGKILL
-        if last_checkpoint(out)["step"] < EPOCHS * STEPS_PER_EPOCH:  # stopped during training (not in the final test decode)
-            break
+        status = killed_run(out, overrides, kill_when=checkpointed)
+        assert status in (-signal.SIGKILL, 0)  # 0: the run had ended before the kill came
+        if status == -signal.SIGKILL and last_checkpoint(out)["step"] < EPOCHS * STEPS_PER_EPOCH:
+            break  # killed during training (not in the final test decode)
         longest /= 2
     else:
         pytest.fail("every kill came after the last training step")
