@@ -17,7 +17,11 @@ from captioning.models.packing import prefix_lengths
 from captioning.runtime import CONF_DIR
 from captioning.training.losses import MovingAverageBaseline, hard_attention_loss
 
-ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
+# Every conf/attention/ choice, and variants that take another branch of its module (local-m; location's smoothing
+# with sharpening).
+ATTENTION_VARIANTS = {"local-m": ("local", {"centre": "monotonic"}),
+                      "location-smoothing": ("location", {"normalization": "smoothing", "sharpening": 2.0})}
+ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml")) + sorted(ATTENTION_VARIANTS)
 SMALL_ATTENTION = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "kernel_size": 3, "num_heads": 2,
                    "head_dim": 4, "half_width": 2}
 # Test sizes of the registered decoders (a decoder missing here is built at its YAML's sizes), and variants whose
@@ -44,8 +48,9 @@ def build(kind: str, attention: str, dropout: float = 0.0, attention_args: dict 
           **sizes) -> torch.nn.Module:
     """Decoder `kind` with conf/attention/<attention>.yaml at test sizes (or these sizes, these attention
     arguments), seeded."""
-    spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "attention" / f"{attention}.yaml"))
-    spec = {**{k: SMALL_ATTENTION.get(k, v) for k, v in spec.items()}, **(attention_args or {})}
+    file, variant = ATTENTION_VARIANTS.get(attention, (attention, {}))
+    spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "attention" / f"{file}.yaml"))
+    spec = {**{k: SMALL_ATTENTION.get(k, v) for k, v in spec.items()}, **variant, **(attention_args or {})}
     att_cls, att_kwargs = registry.resolve("attention", spec, attention)
     name, kwargs = decoder_spec(kind)
     torch.manual_seed(0)

@@ -40,6 +40,7 @@ from captioning.models.attention_family import (
     GeneralAttention,
     LocalAttention,
     LocationAttention,
+    MeanAttention,
     MultiHeadAttention,
 )
 from captioning.models.decoders.luong import LuongDecoder
@@ -47,6 +48,7 @@ from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoders.updown import UpDownDecoder
 from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
+from captioning.models.monotonic import MonotonicAttention
 from captioning.training.objectives import CrossEntropy, SelfCritical
 
 ENCODERS: dict[str, type[Encoder]] = {
@@ -63,6 +65,8 @@ ATTENTIONS: dict[str, type[nn.Module]] = {
     "local": LocalAttention,
     "location": LocationAttention,
     "multihead": MultiHeadAttention,
+    "mean": MeanAttention,
+    "monotonic": MonotonicAttention,
 }
 DECODERS: dict[str, type[nn.Module]] = {
     "sat": ShowAttendTellDecoder,

@@ -16,7 +16,9 @@ split into 7 cells of 100/7 pixels), and the exact area keeps two properties a p
 with ``floor(p*h/H)`` cell indices would lose: every cell has the same area, and a uniform attention
 map puts exactly area(union) / (H*W) inside the boxes.
 
-The share is taken relative to the map's total mass (``alpha`` normally sums to 1 already).
+The share is taken relative to the map's total mass (``alpha`` normally sums to 1 already; monotonic attention's
+may sum to less, the rest attending to nothing): it is the share of the attention the word gave that fell on the
+object. A word whose map has no mass at all gave none to the object, and counts 0 in attention correctness.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ def attention_correctness(words: Sequence[Sequence[str]], alphas: Sequence[np.nd
     `image_sizes[i]` is its (height, width).  Every position t whose word is a key of `word_boxes[i]`
     counts once; other words are ignored.
 
+    A map with no mass (monotonic attention that attended to nothing) counts 0.
+
     Returns ``{"attention_correctness": mean share (nan if no word names an object),
     "attention_words": number of such words}``.
     """
@@ -139,6 +143,6 @@ def attention_correctness(words: Sequence[Sequence[str]], alphas: Sequence[np.nd
                 positions.setdefault(word, []).append(t)
         for word, ts in positions.items():
             cov = box_coverage(boxes_i[word], a.shape[1:], image_sizes[i])
-            total += float(_masses(a[ts], cov).sum())
+            total += float(np.nan_to_num(_masses(a[ts], cov), nan=0.0).sum())  # a map with no mass: 0
             count += len(ts)
     return {"attention_correctness": total / count if count else float("nan"), "attention_words": count}

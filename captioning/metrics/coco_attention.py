@@ -249,7 +249,7 @@ def coco_attention_correctness(words: Sequence[Sequence[str]], alphas: Sequence[
     """Mean share of attention inside the named category's instance masks, over every word naming a COCO category.
 
     `words[i]` and `alphas[i]` (T_i, h, w) are image `image_ids[i]`'s generated words and their attention
-    maps over the encoder's view, whose place in the image `geometry` gives.  Returns
+    maps over the encoder's view, whose place in the image `geometry` gives; a map with no mass counts 0.  Returns
     ``attention_correctness`` (nan when no word counts), ``attention_correctness_words`` (words scored),
     ``attention_correctness_skipped_words`` (category words with no instance in their image) and
     ``attention_correctness_per_category`` ({category name: mean share}).
@@ -278,9 +278,9 @@ def coco_attention_correctness(words: Sequence[Sequence[str]], alphas: Sequence[
                 continue
             cov = mask_coverage(masks[cid], view, a.shape[1:])  # (h, w)
             total = a[ts].sum(axis=(1, 2))
-            if np.any(total <= 0):
-                raise ValueError(f"image {image_id}: an attention map has no mass (all zeros)")
-            per_category.setdefault(cid, []).extend(np.einsum("thw,hw->t", a[ts], cov) / total)
+            has_mass = total > 0  # a map with no mass (monotonic attention attending to nothing) counts 0
+            inside = np.einsum("thw,hw->t", a[ts], cov)
+            per_category.setdefault(cid, []).extend(np.where(has_mass, inside / np.where(has_mass, total, 1.0), 0.0))
     shares = [s for v in per_category.values() for s in v]
     return {
         "attention_correctness": float(np.mean(shares)) if shares else float("nan"),

@@ -35,12 +35,18 @@ class AttentionOutput:
     entropy: torch.Tensor | None = None  # (N,) H(alpha_t)
     index: torch.Tensor | None = None  # (N,) the sampled / chosen region
     heads: torch.Tensor | None = None  # (N, H, L) each head's weights (multi-head attention; alpha is their mean)
+    carry: torch.Tensor | None = None  # (N, L) what the next step gets as prev_alpha, when it is not alpha
 
     def select(self, rows: torch.Tensor) -> AttentionOutput:
         """The outputs of these rows (n,) only."""
         pick = [None if x is None else x.index_select(0, rows)
-                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index, self.heads)]
+                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index, self.heads, self.carry)]
         return AttentionOutput(*pick)  # type: ignore[arg-type]
+
+    @property
+    def recurrent(self) -> torch.Tensor:
+        """The (N, L) the decoder's state keeps for the next step's prev_alpha: `carry`, or alpha without one."""
+        return self.alpha if self.carry is None else self.carry
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -60,7 +66,11 @@ def row_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
 
 def attend(a: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None) -> AttentionOutput:
     """alpha = masked softmax of the scores (N, L); context z = sum_i alpha_i a_i (N, D) for a (B, L, D)."""
-    alpha = row_softmax(scores, mask)  # (N, L)
+    return weighted(a, row_softmax(scores, mask))
+
+
+def weighted(a: torch.Tensor, alpha: torch.Tensor) -> AttentionOutput:
+    """The context z = sum_i alpha_i a_i (N, D) of weights alpha (N, L) over a (B, L, D), k = N / B rows each."""
     B, L, D = a.shape
     context = torch.bmm(alpha.view(B, -1, L), a)  # (B, k, L) @ (B, L, D) -> (B, k, D)
     return AttentionOutput(context.view(-1, D), alpha)  # (N, D)
@@ -79,7 +89,15 @@ def additive_scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor, b: tor
 
 
 class Attention(nn.Module):
-    """Base class: subclasses implement `prepare` (per image) and `forward` (per step)."""
+    """Base class: subclasses implement `prepare` (per image) and `forward` (per step).
+
+    `reads_previous`: the weights depend on the previous step's (prev_alpha), so a decoder must run the steps in
+    order (decoder=transformer refuses such a type). `initial_carry` is the prev_alpha of the first step.
+    `sums_to_one`: alpha sums to 1 over the real regions (False: to at most 1, monotonic attention).
+    """
+
+    reads_previous = False
+    sums_to_one = True
 
     def __init__(self, annotation_dim: int, hidden_dim: int):
         super().__init__()
@@ -96,6 +114,15 @@ class Attention(nn.Module):
 
     def begin_batch(self) -> None:
         """Called by the trainer before each training minibatch (hard attention tosses its coin here)."""
+
+    def reads_previous_because(self) -> str:
+        """The options that make this type read the previous step's weights ('' for the type itself), for messages."""
+        return ""
+
+    def initial_carry(self, uniform: torch.Tensor) -> torch.Tensor:
+        """The prev_alpha of the first step (N, L), given alpha uniform over each row's real regions (N, L): that
+        uniform alpha, unless the type starts elsewhere (monotonic attention: on the first region)."""
+        return uniform
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:

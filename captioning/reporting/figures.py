@@ -62,7 +62,8 @@ def chosen_regions(alphas: Any) -> list[int]:
 
 
 def upsample_attention(alpha: np.ndarray, size: tuple[int, int], smooth: bool = True) -> np.ndarray:
-    """Upsample an (h, w) attention map to (H, W) = size, smoothed, scaled to [0, 1]."""
+    """Upsample an (h, w) attention map to (H, W) = size, smoothed, scaled to [0, 1] (a uniform map: all 1; a map with
+    no mass, monotonic attention attending to nothing: all 0, the whole image faded)."""
     a = _to_numpy(alpha)
     if a.ndim != 2 or 0 in a.shape:
         raise ValueError(f"alpha must be a non-empty (h, w) map, got shape {a.shape}")
@@ -79,6 +80,8 @@ def upsample_attention(alpha: np.ndarray, size: tuple[int, int], smooth: bool = 
     else:
         out = a[np.ix_(_nearest_index(H, h), _nearest_index(W, w))]
     lo, hi = float(out.min()), float(out.max())
+    if not np.any(a):
+        return np.zeros((H, W), dtype=np.float32)  # no mass (monotonic attention attending to nothing): nothing
     if hi - lo <= 1e-12 * max(1.0, abs(hi)):
         return np.ones((H, W), dtype=np.float32)  # uniform attention: everything equally attended
     return ((out - lo) / (hi - lo)).astype(np.float32)

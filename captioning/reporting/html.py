@@ -67,12 +67,13 @@ def png_data_uri(path: Path) -> str:
 
 def quantize_maps(alphas: np.ndarray) -> np.ndarray:
     """Each (h, w) map min-max scaled to 0..255 (uint8), as visualize.upsample_attention scales it; a uniform map
-    is all 255 (everything equally attended)."""
+    is all 255 (everything equally attended), a map with no mass all 0 (monotonic attention attending to nothing)."""
     a = np.asarray(alphas, dtype=np.float64)  # (T, h, w)
     lo = a.min(axis=(1, 2), keepdims=True)
     span = a.max(axis=(1, 2), keepdims=True) - lo
     flat = span <= 1e-12 * np.maximum(1.0, np.abs(lo))
-    scaled = np.where(flat, 1.0, (a - lo) / np.where(flat, 1.0, span))
+    empty = ~a.any(axis=(1, 2), keepdims=True)
+    scaled = np.where(empty, 0.0, np.where(flat, 1.0, (a - lo) / np.where(flat, 1.0, span)))
     return np.rint(scaled * 255).astype(np.uint8)
 
 

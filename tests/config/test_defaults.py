@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from family import refusal
 from fixtures import TINY_MODEL, compose_config
 from omegaconf import OmegaConf
 
@@ -87,7 +88,7 @@ def _shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize(("attention", "decoder"), [
     (a.stem, d.stem) for a in sorted((CONF_DIR / "attention").glob("*.yaml"))
     for d in sorted((CONF_DIR / "decoder").glob("*.yaml"))
-    if not (d.stem == "transformer" and a.stem in ("hard", "location"))])  # refused: test_transformer_decoder.py
+    if refusal(d.stem, a.stem) is None])  # a refused pair: tests/models/test_decoders.py
 def test_python_with_no_arguments_builds_the_configs_model(attention, decoder):
     """`SoftAttention(D, n)` and `attention=soft` are one model; so are `ShowAttendTellDecoder(V, D, att)` and
     `decoder=sat`: the same parameters, of the same shapes."""

@@ -185,7 +185,7 @@ COMBOS = [pytest.param(a, d, marks=[] if i % 3 == 0 else [pytest.mark.slow], id=
 
 def test_every_attention_type_and_decoder_is_covered():
     fast = {p.values[0] for p in COMBOS if not p.marks}
-    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 8
+    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 10
     assert set(DECODERS) == set(registry.DECODERS)  # every registered decoder has its conf/decoder/ file
     assert {p.values[1] for p in COMBOS if not p.marks} == set(DECODERS)
 
@@ -212,12 +212,22 @@ VARIANTS = {
     "luong-no-input-feeding": {"decoder": {"_target_": "luong", "embed_dim": 16,
                                            "hidden_dim": 32, "input_feeding": False, "init_layers": 2}},
     "small-cnn-resizing": {"encoder": {**TINY_MODEL["encoder"], "image_size": 40}},
+    # the attention options whose branch the conf/attention/ files leave out
+    "local-m": {"attention": {"_target_": "local", "predictor_dim": 16, "centre": "monotonic"}},
+    "location-smoothing": {"attention": {"_target_": "location", "attention_dim": 16, "num_filters": 4,
+                                         "normalization": "smoothing", "sharpening": 2.0}},
+    "monotonic-parallel": {"attention": {"_target_": "monotonic", "attention_dim": 16, "test_mode": "parallel",
+                                         "order": "snake"}},
+    "monotonic-recursive": {"attention": {"_target_": "monotonic", "energy": "luong", "test_mode": "recursive",
+                                          "order": "column"}},
 }
 
 
 # Luong without input feeding passes a state entry through each step unchanged (captioning/export/graphs.py,
-# `distinct`): in the default tier, the others are slow.
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=[] if v == "luong-no-input-feeding" else [pytest.mark.slow])
+# `distinct`), local-m carries a one-hot, monotonic attention's parallel form is a closed form of cumulative sums: in
+# the default tier, the others are slow.
+FAST_VARIANTS = ("luong-no-input-feeding", "local-m", "monotonic-parallel")
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=[] if v in FAST_VARIANTS else [pytest.mark.slow])
                                      for v in sorted(VARIANTS)])
 def test_other_encoders_and_decoder_options_export_too(variant, tmp_path):
     vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", *(f"w{i}" for i in range(20))])

@@ -182,6 +182,13 @@ def test_repeated_words_count_each_time_and_others_are_ignored() -> None:
     assert out == {"attention_correctness": pytest.approx(0.5), "attention_words": 2}
 
 
+def test_a_map_with_no_mass_counts_zero_and_a_deficit_is_the_share_of_what_was_given() -> None:
+    """Monotonic attention may attend to nothing (an all-zero map) or give less than 1 in all."""
+    alphas = [np.stack([0.25 * one_hot(2, 2, 0, 0), np.zeros((2, 2)), one_hot(2, 2, 1, 1)])]
+    out = attention_correctness([["dog", "dog", "dog"]], alphas, [{"dog": [[0, 0, 10, 10]]}], [(20, 20)])
+    assert out == {"attention_correctness": pytest.approx(1 / 3), "attention_words": 3}
+
+
 def test_no_object_words_gives_nan() -> None:
     out = attention_correctness([["a", "thing"], []], [np.stack([uniform(2, 2)] * 2), np.zeros((0, 2, 2))],
                                 [{"dog": [[0, 0, 1, 1]]}, {}], [(8, 8), (8, 8)])

@@ -195,6 +195,14 @@ def test_known_answers(instances: CocoInstances) -> None:
         assert out["attention_correctness_words"] == 2 and out["attention_correctness_skipped_words"] == 0
 
 
+def test_a_map_with_no_mass_counts_zero_and_a_deficit_is_the_share_of_what_was_given(instances: CocoInstances) -> None:
+    """Monotonic attention may attend to nothing (an all-zero map) or give less than 1 in all."""
+    w1 = "a man with a dog".split()
+    a = maps(4, 6, 5, {1: 0.3 * one_hot(4, 6, (1, 0)), 4: np.zeros((4, 6))})
+    out = coco_attention_correctness([w1], [a], [1], instances)
+    assert out["attention_correctness_per_category"] == pytest.approx({"person": 1.0, "dog": 0.0})
+
+
 def test_instances_merge_and_words_without_instances_are_skipped(instances: CocoInstances) -> None:
     words = [
         "two people under a traffic light".split(),  # image 2 (portrait, 6x4 grid)

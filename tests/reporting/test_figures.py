@@ -48,6 +48,7 @@ def test_upsample_nearest_is_exact_blocks(grid, factor):
 
 def test_upsample_uniform_map_is_all_ones_and_rejects_bad_input():
     assert np.all(upsample_attention(np.full((7, 7), 1 / 49), (30, 40)) == 1.0)
+    assert np.all(upsample_attention(np.zeros((7, 7)), (30, 40)) == 0.0)  # no mass (monotonic): all faded
     with pytest.raises(ValueError):
         upsample_attention(np.ones(49), (7, 7))
     with pytest.raises(ValueError):

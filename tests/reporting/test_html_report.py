@@ -75,9 +75,10 @@ def _data_block(page: str) -> dict:
 
 # -- unit tests -----------------------------------------------------------------------------------------------------
 def test_quantize_maps_scales_each_map_to_0_255():
-    a = np.stack([_one_hot(3, 4, 1, 2), np.full((3, 4), 1 / 12), np.arange(12.0).reshape(3, 4)])
+    a = np.stack([_one_hot(3, 4, 1, 2), np.full((3, 4), 1 / 12), np.arange(12.0).reshape(3, 4), np.zeros((3, 4))])
     q = quantize_maps(a)
-    assert q.dtype == np.uint8 and q.shape == (3, 3, 4)
+    assert q.dtype == np.uint8 and q.shape == (4, 3, 4)
+    assert not q[3].any()  # a map with no mass (monotonic attention attending to nothing): nothing drawn
     assert q[0, 1, 2] == 255 and q[0].sum() == 255  # one-hot stays one-hot
     assert np.all(q[1] == 255)  # uniform attention: everything equally attended (as visualize.upsample_attention)
     np.testing.assert_array_equal(q[2].ravel(), np.rint(np.arange(12) / 11 * 255))

@@ -117,7 +117,9 @@ ATTENTION = {"soft": ["attention=soft"],
              # the compared decoders, dropout on; the Transformer with its per-step warm-up schedule
              "updown": ["decoder=updown", "attention=soft", "decoder.dropout=0.3"],
              "transformer": ["decoder=transformer", "decoder.dropout=0.3", "decoder.encoder_layers=1",
-                             "scheduler=warmup", "scheduler.warmup_steps=5"]}
+                             "scheduler=warmup", "scheduler.warmup_steps=5"],
+             # monotonic attention's training noise from its own seeded generator (its draw count is checkpointed)
+             "monotonic": ["attention=monotonic", "attention.sigmoid_noise_seed=3", "decoder.dropout=0.3"]}
 
 
 def same(a: Any, b: Any, where: str = "") -> list[str]:
@@ -185,7 +187,7 @@ def resume_and_compare(out: Path, overrides: list[str], ref: Path) -> None:
     assert_identical(out, ref)
 
 
-@pytest.mark.parametrize("attention", ["soft", "hard", "updown", "transformer"])
+@pytest.mark.parametrize("attention", ["soft", "hard", "updown", "transformer", "monotonic"])
 def test_stop_at_an_epoch_end_then_resume_is_bit_identical(data_root, reference, tmp_path, attention):
     ref = reference(attention)
     overrides = tiny(data_root, *ATTENTION[attention])

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from family import refusal
 from fixtures import TINY_ENCODER, TINY_MODEL, compose_config, tiny_overrides
 
 from captioning.data.dataset import Batch, CaptionDataset, collate
@@ -286,11 +287,11 @@ SMALL = ["attention.attention_dim=8", "attention.head_dim=4", "attention.num_hea
          "decoder.hidden_dim=16", "decoder.d_model=8", "decoder.num_heads=2", "decoder.ff_dim=16", *TINY_ENCODER]
 
 
-# Every (attention, decoder) pair a decoder takes (a Transformer layer refuses hard and location attention:
-# tests/models/test_transformer_decoder.py) with the greedy baseline; the mean baseline with soft attention for every
+# Every (attention, decoder) pair a decoder takes (a Transformer layer refuses hard, location, monotonic and mean
+# attention: tests/models/test_decoders.py) with the greedy baseline; the mean baseline with soft attention for every
 # decoder, and with hard and multi-head attention for the new ones (the other mean cases are the tests above).
 SCST_CASES = [(a, d, b) for d in DECODERS for a in ATTENTIONS for b in ("greedy", "mean")
-              if not (d == "transformer" and a in ("hard", "location"))
+              if refusal(d, a) is None
               and (b == "greedy" or a == "soft" or (d in ("updown", "transformer") and a in ("hard", "multihead")))]
 
 

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from fixtures import TINY_MODEL, compose_config, compose_tiny_train
@@ -13,6 +14,7 @@ from captioning.data.readers.karpathy import read_karpathy
 from captioning.data.vocab import Vocabulary
 from captioning.factory.load import load_model
 from captioning.factory.models import build_captioner
+from captioning.metrics import attention_correctness
 from captioning.models.decoding import greedy_decode
 from captioning.train import train
 from captioning.training.losses import caption_loss
@@ -99,16 +101,39 @@ def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
         train(other, tmp_path / "other")
 
 
-@pytest.mark.parametrize("attention", ["hard", "location", "multihead"])
+OTHER_ATTENTION = {"hard": ["attention.expected_context_prob=0.0"], "location": [], "multihead": [], "mean": [],
+                   "monotonic": [], "local-m": ["attention.centre=monotonic"]}
+
+
+@pytest.mark.parametrize("attention", sorted(OTHER_ATTENTION))
 def test_train_app_with_other_attention(shapes_json, tmp_path, attention):
-    cfg = compose_tiny_train(shapes_json, f"attention={attention}", "trainer.max_epochs=1", "objective.num_samples=2",
-                   "attention.expected_context_prob=0.0" if attention == "hard" else "seed=0")
+    cfg = compose_tiny_train(shapes_json, f"attention={attention.split('-')[0]}", "trainer.max_epochs=1",
+                             "objective.num_samples=2", *OTHER_ATTENTION[attention])
     metrics = train(cfg, tmp_path)
     assert metrics["attention"] == cfg.attention._target_.rsplit(".", 1)[-1]  # outside a Hydra app: the class
     history = json.loads((tmp_path / "history.json").read_text())
     if attention == "hard":  # every batch sampled regions: the REINFORCE terms were logged
         assert "policy" in history[0] and "entropy" in history[0] and history[0]["baseline"] < 0
     assert len(list((tmp_path / "figures").glob("*.png"))) >= 1
+
+
+def test_the_no_attention_control_scores_the_uniform_baseline(shapes_json, tmp_path):
+    """attention=mean: every stored map is uniform, and attention correctness is uniform maps' on its own words."""
+    metrics = train(compose_tiny_train(shapes_json, "attention=mean", "trainer.max_epochs=2"), tmp_path)
+    images = {i["imgid"]: i for i in json.loads(shapes_json.read_text())["images"] if i["split"] == "test"}
+    captions = {r["image_id"]: r["caption"].split() for r in json.loads((tmp_path / "results.json").read_text())}
+    stored = np.load(tmp_path / "attention.npz")
+    grid = stored[f"alphas_{next(iter(captions))}"].shape[1:]
+    for image_id in captions:
+        maps = stored[f"alphas_{image_id}"].astype(np.float64)
+        np.testing.assert_allclose(maps, 1 / (grid[0] * grid[1]), rtol=1e-3)  # float16 in the file
+    ids = sorted(captions)
+    uniform = attention_correctness([captions[i] for i in ids],
+                                    [np.full((len(captions[i]), *grid), 1 / (grid[0] * grid[1])) for i in ids],
+                                    [images[i]["word_boxes"] for i in ids],
+                                    [(images[i]["height"], images[i]["width"]) for i in ids])
+    assert uniform["attention_words"] == metrics["attention_words"] > 0
+    assert metrics["attention_correctness"] == pytest.approx(uniform["attention_correctness"], abs=1e-6)
 
 
 def test_evaluate_app_rescoring_a_checkpoint(shapes_json, tmp_path):

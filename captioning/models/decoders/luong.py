@@ -55,7 +55,7 @@ class LuongDecoder(RecurrentDecoder):
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> LuongState:
         """h_0, c_0 from the mean annotation (or zeros), h~_0 = 0, and a uniform previous alpha over valid regions."""
         h, c, alpha0 = annotation_state(a, mask, self.init_h, self.init_c, self.hidden_dim)
-        return h, c, torch.zeros_like(h), alpha0
+        return h, c, torch.zeros_like(h), self.attention.initial_carry(alpha0)
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
                      spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]:
@@ -73,9 +73,9 @@ class LuongDecoder(RecurrentDecoder):
         run = io.attention(att)
         joint = torch.cat([run.context, h_t], dim=1)  # (n_t, D + n)
         if not self.input_feeding:  # h~_t feeds nothing recurrent: the readout computes it
-            return Step((h, c, h_tilde, att.alpha), run, (joint,))
+            return Step((h, c, h_tilde, att.recurrent), run, (joint,))
         out = torch.tanh(io.linear(self.W_c, joint))  # (n_t, n), fed to the next step
-        return Step((h, c, io.put(h_tilde, out), att.alpha), run, (out,))
+        return Step((h, c, io.put(h_tilde, out), att.recurrent), run, (out,))
 
     def readout(self, emb: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
         """logits = W_s dropout(h~_t) from h~_t (or, without input feeding, from [z_t; h_t])."""

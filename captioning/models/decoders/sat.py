@@ -28,7 +28,8 @@ from captioning.models.decoders.recurrent import RecurrentDecoder
 from captioning.models.decoders.unroll import Spread, Step, StepIO
 from captioning.models.rows import repeat_rows
 
-State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # h (N, n), c (N, n), previous alpha (N, L)
+# h (N, n), c (N, n), previous alpha (N, L): what the attention carries to the next step (`AttentionOutput.recurrent`)
+State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class ShowAttendTellDecoder(RecurrentDecoder):
@@ -67,7 +68,8 @@ class ShowAttendTellDecoder(RecurrentDecoder):
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> State:
         """h_0, c_0 = tanh(f_init(mean_i a_i)) (or zeros); the previous alpha starts uniform over valid regions."""
-        return annotation_state(a, mask, self.init_h, self.init_c, self.hidden_dim)
+        h, c, alpha0 = annotation_state(a, mask, self.init_h, self.init_c, self.hidden_dim)
+        return h, c, self.attention.initial_carry(alpha0)
 
     def init_rows(self, a: torch.Tensor, mask: torch.Tensor | None, k: int) -> State:
         """`init_state` for k rows per image of a (B, L, D): computed once per image and repeated (N = B k rows),
@@ -76,7 +78,8 @@ class ShowAttendTellDecoder(RecurrentDecoder):
             return repeat_rows(self.init_state(a, mask), k)
         assert self.init_h is not None and self.init_c is not None
         mean, alpha0 = repeat_rows(mean_annotation(a, mask), k)  # (N, D), (N, L)
-        return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)), alpha0  # (N, n), (N, n), (N, L)
+        h, c = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (N, n) each
+        return h, c, self.attention.initial_carry(alpha0)  # (N, L)
 
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output: logits = L_o(dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t))), h_t through `hidden_dropout`."""
@@ -106,7 +109,7 @@ class ShowAttendTellDecoder(RecurrentDecoder):
         att, z, beta = self.attend(a, keys, state, mask)
         z, beta = io.run(z), io.run(beta)  # the captions still running
         h_t, c_t = io.lstm(self.lstm, z, io.run(h), io.run(c))  # (n_t, n)
-        return Step((io.put(h, h_t), io.put(c, c_t), att.alpha), io.attention(att), (h_t, z), beta)
+        return Step((io.put(h, h_t), io.put(c, c_t), att.recurrent), io.attention(att), (h_t, z), beta)
 
     def readout(self, emb: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
         h, z = parts

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioning.models.attention import Attention, AttentionOutput, HardAttention
-from captioning.models.attention_family import LocationAttention
+from captioning.models.attention_family import MeanAttention
 
 Cache = tuple[torch.Tensor, torch.Tensor]  # keys, values of the words so far: (N, H, t, d_k) each
 
@@ -134,14 +134,19 @@ class DecoderLayer(nn.Module):
 
 def check_cross_attention(module: Attention) -> None:
     """Refuse the attention types a Transformer layer cannot run in parallel over positions."""
+    others = "use attention=multihead (Vaswani's), soft, dot, general, concat or local"
+    if isinstance(module, MeanAttention):
+        raise ValueError("decoder=transformer cannot use attention=mean: its cross-attention's query (and that "
+                         "sublayer's LayerNorm) would learn nothing, and its self-attention stays; the no-attention "
+                         f"control is for the LSTM decoders (sat, luong, updown); {others}")
     if isinstance(module, HardAttention):
         raise ValueError("decoder=transformer cannot use attention=hard: it samples one region per layer and step, "
-                         "which teacher forcing over all positions at once does not do; use attention=multihead "
-                         "(Vaswani's), soft, dot, general, concat or local")
-    if isinstance(module, LocationAttention):
-        raise ValueError("decoder=transformer cannot use attention=location: its score reads the previous step's "
-                         "map, which teacher forcing over all positions at once does not have; use attention="
-                         "multihead (Vaswani's), soft, dot, general, concat or local")
+                         f"which teacher forcing over all positions at once does not do; {others}")
+    if module.reads_previous:
+        name = type(module).__name__.removesuffix("Attention").lower()
+        raise ValueError(f"decoder=transformer cannot use attention={name}{module.reads_previous_because()}: its "
+                         f"weights read the previous step's, which teacher forcing over all positions at once does "
+                         f"not have; {others}")
 
 
 class AnnotationMemory(nn.Module):

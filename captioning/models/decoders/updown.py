@@ -66,7 +66,7 @@ class UpDownDecoder(RecurrentDecoder):
         h, c, alpha0 = annotation_state(a, mask, self.init_h, self.init_c, 2 * self.hidden_dim)  # (N, 2n) x 2
         h1, h2 = h.chunk(2, dim=1)  # (N, n) each
         c1, c2 = c.chunk(2, dim=1)
-        return h1, c1, h2, c2, alpha0
+        return h1, c1, h2, c2, self.attention.initial_carry(alpha0)
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
                      spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]:
@@ -86,7 +86,7 @@ class UpDownDecoder(RecurrentDecoder):
         run = io.attention(att)
         joint = torch.cat([run.context, h1_t], dim=1)  # (n_t, D + n)
         h2_t, c2_t = io.lstm(self.lang_lstm, joint, io.run(h2), io.run(c2))  # (n_t, n)
-        return Step((h1, c1, io.put(h2, h2_t), io.put(c2, c2_t), att.alpha), run, (h2_t,))
+        return Step((h1, c1, io.put(h2, h2_t), io.put(c2, c2_t), att.recurrent), run, (h2_t,))
 
     def readout(self, emb: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
         """logits = W_p dropout(h2_t): (..., n) -> (..., V)."""
