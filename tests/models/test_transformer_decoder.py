@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from captioning.factory.models import build_captioner
 from captioning.models.decoders.transformer import TransformerDecoder
+from captioning.models.decoders.transformer_layers import sinusoid
 from captioning.models.decoding import greedy_decode
 from captioning.runtime import CONF_DIR
 from captioning.training.losses import caption_loss
@@ -64,14 +65,16 @@ def test_the_key_and_score_biases_change_no_output():
     torch.testing.assert_close(got.alphas, want.alphas)
 
 
-@pytest.mark.parametrize("name", ["hard", "location"])
+@pytest.mark.parametrize("name", ["hard", "location", "monotonic", "mean"])
 def test_attention_a_layer_cannot_run_in_parallel_is_refused(name):
     with pytest.raises(ValueError, match=f"cannot use attention={name}"):
         _model(name)
 
 
 @pytest.mark.parametrize("name", CROSS)
-@pytest.mark.parametrize("options", [{}, {"encoder_layers": 2, "tie_embeddings": True, "positions": "learned"}])
+@pytest.mark.parametrize("options", [{}, {"encoder_layers": 2, "tie_embeddings": True, "positions": "learned"},
+                                     {"encoder_layers": 1, "region_positions": "sinusoidal"},
+                                     {"region_positions": "learned"}])
 def test_incremental_decoding_equals_full_recomputation(name, options):
     """step() over the key/value cache gives forward()'s logits and maps, position by position, with padded
     regions, k captions per image and the encoder stack."""
@@ -90,6 +93,52 @@ def test_incremental_decoding_equals_full_recomputation(name, options):
             assert all(k.shape == (6, 2, t + 1, 8) and v.shape == k.shape for k, v in state)  # (N, H, t, d_k)
         plain = dec.forward_plain(a, captions, idx, mask=mask, grid=grid)
     torch.testing.assert_close(plain.logits, out.logits, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["none", "sinusoidal", "learned"])
+def test_without_region_positions_the_grid_is_a_set(positions):
+    """Permuting the cells only permutes the encoder's outputs (the memory) and leaves every logit as it was,
+    unless the regions' 2-D positions are added: then the captions' logits change."""
+    dec = _model(encoder_layers=2, region_positions=positions).decoder.eval()
+    a, _, grid = masked_annotations(B=2)
+    perm = torch.randperm(a.shape[1], generator=torch.Generator().manual_seed(1))
+    captions, idx = padded_captions(N=4), torch.tensor([0, 0, 1, 1])
+    with torch.no_grad():
+        memory, memory_permuted = (dec.attention.split(dec.attention.prepare(x, grid))[0] for x in (a, a[:, perm]))
+        out, permuted = dec(a, captions, idx, grid=grid), dec(a[:, perm], captions, idx, grid=grid)
+    if positions == "none":
+        torch.testing.assert_close(memory_permuted, memory[:, perm], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(permuted.logits, out.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(permuted.alphas, out.alphas[..., perm], atol=1e-6, rtol=1e-5)
+    else:
+        assert (permuted.logits - out.logits).abs().max() > 1e-2
+
+
+def test_sinusoidal_region_positions_are_row_then_column_halves_on_any_grid():
+    memory = _model(d_model=10, num_heads=2, region_positions="sinusoidal").decoder.attention
+    P = memory.positions(15, (3, 5))  # (L, d): 3 rows of 5
+    assert P.shape == (15, 10)
+    rows, cols = torch.arange(3).repeat_interleave(5), torch.arange(5).repeat(3)
+    torch.testing.assert_close(P[:, :5], sinusoid(rows, 5))
+    torch.testing.assert_close(P[:, 5:], sinusoid(cols, 5))
+    assert len({tuple(p.tolist()) for p in P}) == 15  # every cell its own position
+    learned = _model(region_positions="learned", max_grid_side=4).decoder.attention
+    with pytest.raises(ValueError, match="larger than the learned region positions"):
+        learned.positions(15, (3, 5))
+
+
+def test_a_checkpoint_config_without_region_positions_builds_the_set_model():
+    """Configs written before the key: no positions, the state dict they saved loads unchanged."""
+    new = _model(region_positions="none")
+    spec = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "decoder" / "transformer.yaml")).items()
+            if k not in ("defaults", "region_positions", "max_grid_side")}
+    torch.manual_seed(0)
+    old = build_captioner({**TINY_MODEL, "attention": {"_target_": "multihead", "num_heads": 2, "head_dim": 8},
+                           "decoder": {**spec, "d_model": 16, "num_layers": 2, "num_heads": 2, "ff_dim": 24,
+                                       "dropout": 0.0}}, vocab_size=V)
+    assert old.decoder.attention.region_positions == "none"
+    old.load_state_dict(new.state_dict())
+    assert compose_config("experiment=coco_transformer").decoder.region_positions == "sinusoidal"
 
 
 def test_a_decoding_step_runs_one_position_not_the_prefix():

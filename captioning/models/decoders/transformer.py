@@ -5,7 +5,9 @@ pre-norm layers (x + dropout(sublayer(LayerNorm(x))), each stack ending in a Lay
 sqrt(d_model) plus sinusoidal (or learned) positions, then N decoder layers of masked self-attention, cross-attention
 over the annotations and a feed-forward block, then softmax(W_o LN(x)) (W_o tied to the embeddings or not). The
 annotations a (B, L, D) are first projected to d_model (ReLU(W_a a + b), ruotianluo's att_embed) and optionally run
-through `encoder_layers` layers of self-attention over the regions (his model has 6; 0 skips them).
+through `encoder_layers` layers of self-attention over the regions (his model has 6; 0 skips them), with each region's
+2-D grid position added first (`region_positions`: none, as his grid-less region features; sinusoidal or learned, row
+and column halves as DETR's: without them self-attention sees the grid as a set).
 
 Cross-attention is the `attention` group's module (one per layer, see transformer_layers.py): attention=multihead
 is Vaswani's (conf/decoder/transformer.yaml selects it). Its maps are what figures and attention correctness read:
@@ -30,7 +32,13 @@ from captioning.base.constraints import Count, DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.attention_family import MultiHeadAttention
 from captioning.models.decoders.base import Decoder, DecoderOutput
-from captioning.models.decoders.transformer_layers import AnnotationMemory, Cache, DecoderLayer, sinusoid
+from captioning.models.decoders.transformer_layers import (
+    AnnotationMemory,
+    Cache,
+    DecoderLayer,
+    RegionPositions,
+    sinusoid,
+)
 from captioning.models.rows import images_and_rows, plain_rows
 
 TransformerState = tuple[Cache, ...]  # per decoder layer: its self-attention keys and values (N, H, t, d_k) each
@@ -44,13 +52,14 @@ class TransformerDecoder(Decoder):
                  d_model: Size = 128, num_layers: Size = 2, num_heads: Size = 4, ff_dim: Size = 512,
                  encoder_layers: Count = 0, dropout: DropoutRate = 0.1,
                  positions: Literal["sinusoidal", "learned"] = "sinusoidal", max_positions: Size = 64,
-                 tie_embeddings: bool = False, map_layer: int = -1, map_head: int | None = None):
+                 tie_embeddings: bool = False, map_layer: int = -1, map_head: int | None = None,
+                 region_positions: RegionPositions = "none", max_grid_side: Size = 32):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"decoder.d_model ({d_model}) must be a multiple of decoder.num_heads ({num_heads})")
         self.vocab_size, self.d_model, self.num_heads = vocab_size, d_model, num_heads
         self.attention = AnnotationMemory(annotation_dim, d_model, attention, num_layers, encoder_layers, num_heads,
-                                          ff_dim, dropout)
+                                          ff_dim, dropout, region_positions, max_grid_side)
         self.embed = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(max_positions, d_model) if positions == "learned" else None
         self.max_positions = max_positions if positions == "learned" else None

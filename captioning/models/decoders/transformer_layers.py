@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from captioning.models.attention import Attention, AttentionOutput, HardAttention
-from captioning.models.attention_family import MeanAttention
+from captioning.models.attention_family import MeanAttention, grid_positions, resolve_grid
 
 Cache = tuple[torch.Tensor, torch.Tensor]  # keys, values of the words so far: (N, H, t, d_k) each
 
@@ -149,19 +150,31 @@ def check_cross_attention(module: Attention) -> None:
                          f"not have; {others}")
 
 
+RegionPositions = Literal["none", "sinusoidal", "learned"]
+
+
 class AnnotationMemory(nn.Module):
     """The decoder's `attention`: what every step reads of the image, prepared once per image.
 
-    prepare(a, grid) -> keys (B, L, d + sum_i A_i): the memory m = Encoder(ReLU(W_a a + b)) (d_model wide; the
-    encoder stack is optional, `encoder_layers` = 0 leaves m = ReLU(W_a a + b)) followed by each decoder layer's
-    cross-attention keys prepared from m (A_i wide).
+    prepare(a, grid) -> keys (B, L, d + sum_i A_i): the memory m = Encoder(dropout(ReLU(W_a a + b) + P)) (d_model
+    wide; the encoder stack is optional, `encoder_layers` = 0 leaves m = dropout(ReLU(W_a a + b) + P)) followed by
+    each decoder layer's cross-attention keys prepared from m (A_i wide).
+
+    P is each region's 2-D position on the (h, w) grid, `region_positions`: none (P = 0: the regions are a set, and
+    permuting them only permutes m, so the captions do not change), sinusoidal (DETR's 2-D scheme: the first
+    ceil(d/2) channels Vaswani's sinusoid of the row, the other floor(d/2) that of the column; any grid), or learned
+    (a row embedding and a column embedding of those widths, grids up to `max_grid_side` a side).
     """
 
     def __init__(self, annotation_dim: int, d_model: int, attention: Callable[..., Attention], num_layers: int,
-                 encoder_layers: int, num_heads: int, ff_dim: int, dropout: float):
+                 encoder_layers: int, num_heads: int, ff_dim: int, dropout: float,
+                 region_positions: RegionPositions = "none", max_grid_side: int = 32):
         super().__init__()
-        self.d_model = d_model
+        self.d_model, self.region_positions, self.max_grid_side = d_model, region_positions, max_grid_side
         self.embed = nn.Sequential(nn.Linear(annotation_dim, d_model), nn.ReLU(), nn.Dropout(dropout))
+        if region_positions == "learned":
+            self.row_embed = nn.Embedding(max_grid_side, d_model - d_model // 2)
+            self.col_embed = nn.Embedding(max_grid_side, d_model // 2)
         self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, ff_dim, dropout) for _ in range(encoder_layers))
         self.norm = nn.LayerNorm(d_model) if encoder_layers else None
         cross = [attention(annotation_dim=d_model, hidden_dim=d_model) for _ in range(num_layers)]
@@ -178,12 +191,28 @@ class AnnotationMemory(nn.Module):
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """keys (B, L, d + sum_i A_i) for annotations a (B, L, D): the memory, then each layer's keys of it."""
-        m = self.embed(a)  # (B, L, d)
+        m = self.embed[1](self.embed[0](a))  # (B, L, d)
+        if self.region_positions != "none":
+            m = m + self.positions(a.shape[1], grid).to(m.dtype)
+        m = self.embed[2](m)  # dropout
         for layer in self.encoder:
             m = layer(m, mask)
         if self.norm is not None:
             m = self.norm(m)
         return torch.cat([m, *(self.layer(i).prepare(m, grid) for i in range(len(self.cross)))], dim=-1)
+
+    def positions(self, num_regions: int, grid: tuple[int, int] | None) -> torch.Tensor:
+        """P (L, d): the row part then the column part of each region's position on the grid (see the class)."""
+        h, w = resolve_grid(num_regions, grid)
+        rows, cols = grid_positions(h, w, self.embed[0].weight.device, torch.long).unbind(1)  # (L,) each
+        if self.region_positions == "sinusoidal":
+            half = self.d_model // 2
+            return torch.cat([sinusoid(rows, self.d_model - half), sinusoid(cols, half)], dim=1)
+        if max(h, w) > self.max_grid_side:
+            raise ValueError(f"a {h} x {w} grid is larger than the learned region positions "
+                             f"(decoder.max_grid_side={self.max_grid_side}): raise it, or use "
+                             f"decoder.region_positions=sinusoidal")
+        return torch.cat([self.row_embed(rows), self.col_embed(cols)], dim=1)
 
     def layer(self, i: int) -> Attention:
         """Decoder layer i's cross-attention module."""
