@@ -204,7 +204,8 @@ class AnnotationMemory(nn.Module):
     def positions(self, num_regions: int, grid: tuple[int, int] | None) -> torch.Tensor:
         """P (L, d): the row part then the column part of each region's position on the grid (see the class)."""
         h, w = resolve_grid(num_regions, grid)
-        rows, cols = grid_positions(h, w, self.embed[0].weight.device, torch.long).unbind(1)  # (L,) each
+        device = next(self.parameters()).device
+        rows, cols = grid_positions(h, w, device, torch.long).unbind(1)  # (L,) each
         if self.region_positions == "sinusoidal":
             half = self.d_model // 2
             return torch.cat([sinusoid(rows, self.d_model - half), sinusoid(cols, half)], dim=1)
