@@ -100,7 +100,8 @@ class InitGraph(nn.Module):
 
 
 class StepGraph(nn.Module):
-    """words (N,), a (N, L, D), keys (N, ...), state -> logits (N, V), alpha (N, L), new state (one row per image)."""
+    """words (N,), a (N, L, D), keys (N, ...), state -> logits (N, V), alpha (N, L), new state (one row per image);
+    with channel-wise attention `alpha` is (N, L + C): the map, then the channel weights (`AttentionOutput.maps`)."""
 
     def __init__(self, model: Captioner, template: Any):
         super().__init__()
@@ -109,7 +110,7 @@ class StepGraph(nn.Module):
     def forward(self, words: torch.Tensor, a: torch.Tensor, keys: torch.Tensor,
                 *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logits, new, att = self.decoder.step(words, unflatten_state(self.template, state), a, keys, None)
-        return distinct((logits, att.alpha, *flatten_state(new)[0]), (words, a, keys, *state))
+        return distinct((logits, att.maps, *flatten_state(new)[0]), (words, a, keys, *state))
 
 
 def refusal(model: Captioner) -> str | None:

@@ -36,12 +36,14 @@ Graph = Callable[[list[np.ndarray]], list[np.ndarray]]  # inputs in the manifest
 
 @dataclass
 class Caption:
-    """One image's caption: its words, raw log-probability (with <end> if it has one), word ids and maps (T, h, w)."""
+    """One image's caption: its words, raw log-probability (with <end> if it has one), word ids and maps (T, h, w),
+    and with channel-wise attention each word's channel weights (T, C)."""
 
     words: list[str]
     log_prob: float
     tokens: list[int]
     alphas: np.ndarray
+    channels: np.ndarray | None = None
 
 
 def _onnxruntime() -> Any:
@@ -108,7 +110,8 @@ class Runner:
 
     def step(self, words: np.ndarray, a: np.ndarray, keys: np.ndarray,
              state: State) -> tuple[np.ndarray, np.ndarray, State]:
-        """One decoder step for N rows: logits (N, V), alpha (N, L) and the new state."""
+        """One decoder step for N rows: logits (N, V), alpha (N, L; N, L + C with channel weights) and the new
+        state."""
         logits, alpha, *new = self._run("step", [words.astype(np.int64, copy=False), a, keys, *state])
         return logits, alpha, new
 
@@ -141,5 +144,6 @@ class Runner:
         """Caption preprocessed images (B, 3, H, W) in one batch."""
         h, w = self.manifest.grid
         found: list[Found] = decode(self, self.encode(images), beam_size, max_len, length_penalty)
-        return [Caption(words_of(f.tokens, self.vocab.itos), f.log_prob, f.tokens, f.alphas.reshape(-1, h, w))
-                for f in found]
+        return [Caption(words_of(f.tokens, self.vocab.itos), f.log_prob, f.tokens,
+                        f.alphas[:, : h * w].reshape(-1, h, w),
+                        f.alphas[:, h * w:] if f.alphas.shape[1] > h * w else None) for f in found]

@@ -64,11 +64,13 @@ def greedy(steps: Steps, a: np.ndarray, max_len: int) -> list[Found]:
     words = np.full(B, START, dtype=np.int64)
     live = np.arange(B)  # the image of each running row
     seqs = np.full((B, max_len), PAD, dtype=np.int64)
-    maps = np.zeros((B, max_len, L), dtype=np.float32)
+    maps = np.zeros((B, max_len, L), dtype=np.float32)  # widened at step 0 for channel weights after the map
     scores, lengths = np.zeros(B, dtype=np.float32), np.full(B, max_len, dtype=np.int64)
     finished = np.zeros(B, dtype=bool)
     for t in range(max_len):
         logits, alpha, state = steps.step(words, a, keys, state)
+        if t == 0 and alpha.shape[1] != L:
+            maps = np.zeros((B, max_len, alpha.shape[1]), dtype=np.float32)
         logp = word_log_probs(logits)  # (b, V)
         words = np.where(finished, PAD, logp.argmax(axis=1))  # (b,); finished captions are fed <pad>
         scores[live] += np.where(finished, np.float32(0), logp[np.arange(len(words)), words])
@@ -110,7 +112,7 @@ def _backtrack(tokens: np.ndarray, parents: np.ndarray, alphas: np.ndarray, leng
 def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0) -> list[Found]:
     """Batched beam search with a pool of finished captions per image (rules: `models.decoding.beam_search`)."""
     check_decoding(beam_size, max_len, length_penalty)
-    (B, L), k, lp = a.shape[:2], beam_size, float(length_penalty)
+    B, k, lp = a.shape[0], beam_size, float(length_penalty)
     keys, state = steps.init(a)
     logits, alpha, state = steps.step(np.full(B, START, dtype=np.int64), a, keys, state)  # step 0: once per image
     state, logits, alpha = _repeat(state, k), np.repeat(logits, k, axis=0), np.repeat(alpha, k, axis=0)
@@ -119,7 +121,8 @@ def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penal
     scores[:, 0] = 0.0  # only the first copy may expand at step 0
     tokens = np.zeros((max_len, B, k), dtype=np.int64)
     parents = np.zeros((max_len, B, k), dtype=np.int64)
-    alphas = np.zeros((max_len, B, k, L), dtype=np.float32)
+    W = alpha.shape[1]  # L, or L + C with channel weights after the map
+    alphas = np.zeros((max_len, B, k, W), dtype=np.float32)
     best_raw, best_norm = np.full(B, NEG_INF, dtype=np.float32), np.full(B, NEG_INF, dtype=np.float32)
     best_len, best_beam = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
     done, live = np.zeros(B, dtype=bool), np.arange(B)  # live: the image of each image still searching
@@ -135,7 +138,7 @@ def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penal
         cand[:, :, END] = NEG_INF
         scores, flat = _top(cand.reshape(b, k * V), k)  # (b, k) the k best live ones, best first
         parent, word = flat // V, flat % V
-        tokens[t, live], parents[t, live], alphas[t, live] = word, parent, alpha.reshape(b, k, L)
+        tokens[t, live], parents[t, live], alphas[t, live] = word, parent, alpha.reshape(b, k, W)
         end_norm = end_score / np.float32((t + 1) ** lp)
         better = (end_score >= scores[:, -1]) & (end_norm > best_norm[live]) & ~done
         best_raw[live] = np.where(better, end_score, best_raw[live])

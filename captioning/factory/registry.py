@@ -43,6 +43,7 @@ from captioning.models.attention_family import (
     MeanAttention,
     MultiHeadAttention,
 )
+from captioning.models.channel import ChannelAttention
 from captioning.models.decoders.luong import LuongDecoder
 from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoders.transformer import TransformerDecoder
@@ -67,6 +68,7 @@ ATTENTIONS: dict[str, type[nn.Module]] = {
     "multihead": MultiHeadAttention,
     "mean": MeanAttention,
     "monotonic": MonotonicAttention,
+    "channel": ChannelAttention,
 }
 DECODERS: dict[str, type[nn.Module]] = {
     "sat": ShowAttendTellDecoder,

@@ -56,10 +56,12 @@ class CaptionResult:
     source: str  # the path given, or "<image N>" for a PIL image
     words: list[str]
     log_prob: float  # raw log-probability of the caption (with its <end> when it has one)
-    attention: np.ndarray  # (T, h, w) float32: word t's map over the encoder's grid (each sums to 1)
+    attention: np.ndarray  # (T, h, w) float32: word t's map over the encoder's grid (each sums to 1; monotonic
+    # attention's to at most 1)
     image: Image.Image  # the image as the encoder saw it (after its resize/crop): what the maps cover
     alternatives: list[Alternative] = field(default_factory=list)  # best first (the caption itself), when asked
     regions: list[int] | None = None  # hard attention: the grid cell each word's map picks
+    channels: np.ndarray | None = None  # channel-wise attention: (T, D) float32, word t's channel weights (sum 1)
 
     @property
     def caption(self) -> str:
@@ -146,7 +148,8 @@ class CaptionModel:
                     source=sources[i], words=self.vocab.decode(decoded.tokens[j]), log_prob=float(decoded.scores[j]),
                     attention=maps.float().numpy(), image=self.model.encoder.view(images[i]),
                     alternatives=alts[:alternatives],
-                    regions=chosen_regions(maps) if self.marks_regions and len(maps) else None)
+                    regions=chosen_regions(maps) if self.marks_regions and len(maps) else None,
+                    channels=None if decoded.channels is None else decoded.channels[j].float().numpy())
         return [r for r in results if r is not None]
 
     def plot(self, result: CaptionResult, path: str | os.PathLike | None = None) -> Figure | Path:

@@ -36,12 +36,20 @@ class AttentionOutput:
     index: torch.Tensor | None = None  # (N,) the sampled / chosen region
     heads: torch.Tensor | None = None  # (N, H, L) each head's weights (multi-head attention; alpha is their mean)
     carry: torch.Tensor | None = None  # (N, L) what the next step gets as prev_alpha, when it is not alpha
+    channels: torch.Tensor | None = None  # (N, C) channel weights (channel-wise attention), beside the map
 
     def select(self, rows: torch.Tensor) -> AttentionOutput:
         """The outputs of these rows (n,) only."""
         pick = [None if x is None else x.index_select(0, rows)
-                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index, self.heads, self.carry)]
+                for x in (self.context, self.alpha, self.log_prob, self.entropy, self.index, self.heads, self.carry,
+                          self.channels)]
         return AttentionOutput(*pick)  # type: ignore[arg-type]
+
+    @property
+    def maps(self) -> torch.Tensor:
+        """What decoding keeps of each word: alpha (N, L), followed by the channel weights (N, L + C) when there are
+        any (`captioning.models.decoding.split_maps` parts them again)."""
+        return self.alpha if self.channels is None else torch.cat([self.alpha, self.channels.to(self.alpha.dtype)], 1)
 
     @property
     def recurrent(self) -> torch.Tensor:

@@ -48,6 +48,8 @@ class Decoded:
     scores: torch.Tensor  # (B,) raw log-probability of the chosen sequence (incl. <end> if it has one)
     # beam_search(n_best > 1) only: per image, up to n_best (words, maps, raw log p), best first (the chosen one)
     alternatives: list[list[tuple[list[int], torch.Tensor, float]]] | None = None
+    # channel-wise attention only: per image, (T_i, C) each word's channel weights
+    channels: list[torch.Tensor] | None = None
 
 
 def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
@@ -60,11 +62,21 @@ def special_ids(device: torch.device) -> torch.Tensor:
     return torch.tensor([START_ID, PAD_ID], device=device)
 
 
-def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor) -> Decoded:
-    """Cut each caption (B, T) and its maps (B, T, L) to its length in words; one transfer to the host."""
-    maps = maps.cpu()
+def split_maps(maps: torch.Tensor, num_regions: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention maps (..., L) and the channel weights (..., C) (None without) of what decoding kept per word,
+    `AttentionOutput.maps` (..., L [+ C])."""
+    if maps.shape[-1] == num_regions:
+        return maps, None
+    return maps[..., :num_regions], maps[..., num_regions:]
+
+
+def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor,
+            num_regions: int) -> Decoded:
+    """Cut each caption (B, T) and its maps (B, T, L [+ C]) to its length in words; one transfer to the host."""
+    alphas, channels = split_maps(maps.cpu(), num_regions)
     n = lengths.tolist()
-    return Decoded([row[:m] for row, m in zip(seqs.tolist(), n)], [maps[i, :m] for i, m in enumerate(n)], scores)
+    return Decoded([row[:m] for row, m in zip(seqs.tolist(), n)], [alphas[i, :m] for i, m in enumerate(n)], scores,
+                   channels=None if channels is None else [channels[i, :m] for i, m in enumerate(n)])
 
 
 def compact_due(done: torch.Tensor) -> tuple[bool, bool]:
@@ -99,7 +111,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     live: torch.Tensor | None = None  # the image of each running row (None: all, in order)
     scores = a.new_zeros(B)
     seqs = a.new_full((B, max_len), pad, dtype=torch.long)  # word t of each caption, written in place
-    maps = a.new_zeros(B, max_len, L)  # alpha_t of each word
+    maps: torch.Tensor | None = None  # alpha_t of each word (and its channel weights), allocated at step 0
     lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
     run_scores, run_lengths = scores.clone(), lengths.clone()  # of the running rows
     special = special_ids(a.device)
@@ -110,7 +122,9 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
         words = logp.argmax(dim=-1).masked_fill(finished, pad)  # (b,); finished captions are fed <pad>
         run_scores += logp.gather(1, words.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
         _put(seqs[:, t], live, words)
-        _put(maps[:, t], live, att.alpha)
+        if maps is None:
+            maps = a.new_zeros(B, max_len, att.maps.shape[1], dtype=scores.dtype)
+        _put(maps[:, t], live, att.maps)
         run_lengths = torch.where(words == end, t, run_lengths)
         finished |= words == end
         every, compact = compact_due(finished)
@@ -126,7 +140,8 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
             state = map_state(functools.partial(torch.index_select, dim=0, index=keep), state)
     _put(scores, live, run_scores)
     _put(lengths, live, run_lengths)
-    return _finish(seqs, maps, lengths, scores)
+    assert maps is not None  # max_len >= 1: step 0 ran
+    return _finish(seqs, maps, lengths, scores, L)
 
 
 def _backtrack(tokens: torch.Tensor, parents: torch.Tensor, alphas: torch.Tensor, lengths: torch.Tensor,
@@ -184,7 +199,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     buffers, a = a, autocast_input(a)  # under bf16/fp16 autocast: a cast once, not at every step; buffers float32
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.
     logits, state, att = decoder.step(a.new_full((B,), START_ID, dtype=torch.long), state, a, keys, mask)
-    state, logits, alpha = repeat_rows((state, logits, att.alpha), k)  # row b k + j
+    state, logits, alpha = repeat_rows((state, logits, att.maps), k)  # row b k + j
     shared = getattr(decoder, "rows_share_images", False)  # the decoder reads k rows per image of a, keys, mask
     if not shared:
         a, keys, mask = repeat_rows((a, keys, mask), k)  # (B k, L, D), ...
@@ -192,7 +207,8 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     scores[:, 0] = 0.0  # only the first copy may expand at step 0
     tokens = torch.zeros(max_len, B, k, dtype=torch.long, device=dev)  # word of live beam j after step t
     parents = torch.zeros_like(tokens)  # the beam (at step t - 1) it extends
-    alphas = buffers.new_zeros(max_len, B, k, L)  # alpha_t of each row that ran step t, before reordering
+    W = alpha.shape[1]  # L, or L + C with channel weights
+    alphas = buffers.new_zeros(max_len, B, k, W)  # alpha_t of each row that ran step t, before reordering
     # Per image still searching (`live`: which image it is); images that are done drop out once a quarter of
     # them are (their results go to `out`), and the others search exactly as they would have with them.
     best_raw, best_norm = buffers.new_full((B,), float("-inf")), buffers.new_full((B,), float("-inf"))
@@ -210,7 +226,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         b = scores.shape[0]
         if t > 0:
             logits, state, att = decoder.step(words, state, a, keys, mask)
-            alpha = att.alpha
+            alpha = att.maps
         cand = word_log_probs(logits, special).add_(scores.view(-1, 1)).view(b, k, -1)  # (b, k, V) raw log p
         V = cand.shape[2]
         ends = cand[:, :, end].clone() if pool else cand[:, :, end]  # (b, k) each beam's continuation by <end>
@@ -223,7 +239,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         parent, word = flat // V, flat % V  # (b, k)
         _put(tokens[t], live, word)
         _put(parents[t], live, parent)
-        _put(alphas[t], live, alpha.view(b, k, L))
+        _put(alphas[t], live, alpha.view(b, k, W))
         end_norm = end_score / (t + 1) ** lp
         better = (end_score >= scores[:, -1]) & (end_norm > best_norm) & ~done  # among the k best, and better
         best_raw, best_norm = torch.where(better, end_score, best_raw), torch.where(better, end_norm, best_norm)
@@ -257,10 +273,10 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         _put(o, live, v)
     best_raw, best_len, best_beam = out[:3]
     seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
-    decoded = _finish(seqs, maps, best_len, best_raw)
+    decoded = _finish(seqs, maps, best_len, best_raw, L)
     if n_best > 1:
         decoded.alternatives = _alternatives(decoded, out[3:], tokens[:steps], parents[:steps], alphas[:steps],
-                                             best_len, best_beam)
+                                             best_len, best_beam, L)
     return decoded
 
 
@@ -276,13 +292,13 @@ def _merge_pool(pool: list[torch.Tensor], raw: torch.Tensor, length: int, lp: fl
 
 
 def _alternatives(decoded: Decoded, pool: list[torch.Tensor], tokens: torch.Tensor, parents: torch.Tensor,
-                  alphas: torch.Tensor, best_len: torch.Tensor,
-                  best_beam: torch.Tensor) -> list[list[tuple[list[int], torch.Tensor, float]]]:
+                  alphas: torch.Tensor, best_len: torch.Tensor, best_beam: torch.Tensor,
+                  num_regions: int) -> list[list[tuple[list[int], torch.Tensor, float]]]:
     """Per image: the chosen caption, then the pool's others by normalised score (n_best in all, fewer if fewer)."""
     _, raw, lengths, beams = pool
     n = raw.shape[1]
-    found = [_finish(*_backtrack(tokens, parents, alphas, lengths[:, j], beams[:, j]), lengths[:, j], raw[:, j])
-             for j in range(n)]
+    found = [_finish(*_backtrack(tokens, parents, alphas, lengths[:, j], beams[:, j]), lengths[:, j], raw[:, j],
+                     num_regions) for j in range(n)]
     same = ((lengths == best_len.unsqueeze(1)) & (beams == best_beam.unsqueeze(1))).tolist()
     real = torch.isfinite(raw).tolist()
     result = []

@@ -49,19 +49,25 @@ DECODERS = sorted(p.stem for p in (CONF_DIR / "decoder").glob("*.yaml"))
 
 
 def torch_captions(model: Captioner, images: torch.Tensor, beam: int, max_len: int = 20):
-    """The PyTorch model's captions: (token lists, raw log-probabilities, maps)."""
+    """The PyTorch model's captions: (token lists, raw log-probabilities, maps, channel weights or None)."""
     decoded, _ = model.generate(images, beam, max_len)
-    return decoded.tokens, decoded.scores.numpy(), [m.numpy() for m in decoded.alphas]
+    channels = None if decoded.channels is None else [c.numpy() for c in decoded.channels]
+    return decoded.tokens, decoded.scores.numpy(), [m.numpy() for m in decoded.alphas], channels
 
 
 def assert_same_captions(runner: Runner, pixels: np.ndarray, model: Captioner, beam: int, max_len: int = 20) -> list:
-    """Runner and model agree word for word, on log-probabilities (1e-4) and on every word's map (1e-5)."""
-    tokens, scores, maps = torch_captions(model, torch.from_numpy(pixels), beam, max_len)
+    """Runner and model agree word for word, on log-probabilities (1e-4) and on every word's map (1e-5), and its
+    channel weights (1e-5) with channel-wise attention."""
+    tokens, scores, maps, channels = torch_captions(model, torch.from_numpy(pixels), beam, max_len)
     got = runner.caption_pixels(pixels, beam, max_len)
     assert [c.tokens for c in got] == tokens
     np.testing.assert_allclose([c.log_prob for c in got], scores, rtol=1e-5, atol=1e-4)
     for c, m in zip(got, maps):
         np.testing.assert_allclose(c.alphas.reshape(m.shape), m, atol=1e-5)
+    assert (channels is None) == all(c.channels is None for c in got)
+    for c, w in zip(got, channels or []):
+        assert c.channels is not None
+        np.testing.assert_allclose(c.channels, w, atol=1e-5)
     return got
 
 
@@ -122,7 +128,7 @@ def test_default_model_captions_match_pytorch_word_for_word(trained, exported, b
     got = runner.caption(paths, beam_size=beam)  # from the files, through the runner's own preprocessing
     transform = model.encoder.transform()
     images = torch.stack([transform(load_image(p)) for p in paths])
-    tokens, scores, _ = torch_captions(model, images, beam)
+    tokens, scores, _, _ = torch_captions(model, images, beam)
     assert [c.words for c in got] == [vocab.decode(t) for t in tokens]
     np.testing.assert_allclose([c.log_prob for c in got], scores, rtol=1e-5, atol=1e-4)
     # a meaningful comparison: real captions, not one caption for every image
@@ -185,7 +191,7 @@ COMBOS = [pytest.param(a, d, marks=[] if i % 3 == 0 else [pytest.mark.slow], id=
 
 def test_every_attention_type_and_decoder_is_covered():
     fast = {p.values[0] for p in COMBOS if not p.marks}
-    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 10
+    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 11
     assert set(DECODERS) == set(registry.DECODERS)  # every registered decoder has its conf/decoder/ file
     assert {p.values[1] for p in COMBOS if not p.marks} == set(DECODERS)
 
@@ -220,6 +226,8 @@ VARIANTS = {
                                          "order": "snake"}},
     "monotonic-recursive": {"attention": {"_target_": "monotonic", "energy": "luong", "test_mode": "recursive",
                                           "order": "column"}},
+    "channel-sc": {"attention": {"_target_": "channel", "attention_dim": 16, "order": "sc"}},
+    "channel-only": {"attention": {"_target_": "channel", "order": "c"}},
 }
 
 

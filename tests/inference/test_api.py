@@ -73,6 +73,20 @@ def test_a_result_holds_its_maps_image_and_alternatives(checkpoint, test_paths, 
     assert Image.open(png).size[0] > 100
 
 
+def test_channel_wise_attention_gives_each_words_channel_weights(shapes_json, test_paths, tmp_path, checkpoint):
+    from captioning.train import train
+
+    train(compose_tiny_train(shapes_json, "attention=channel", "trainer.max_epochs=1", "eval.num_figures=0",
+                             "eval.report=false"), tmp_path)
+    model = captioning.load(tmp_path / "checkpoints" / "best.pt", device="cpu")
+    result = model.caption(test_paths[0])
+    T, D = len(result.words), model.model.encoder.out_dim
+    assert result.channels is not None and result.channels.shape == (T, D) and result.channels.dtype == np.float32
+    np.testing.assert_allclose(result.channels.sum(1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(result.attention.sum(axis=(1, 2)), 1.0, atol=1e-5)  # the spatial maps stay maps
+    assert captioning.load(checkpoint, device="cpu").caption(test_paths[0]).channels is None  # soft attention
+
+
 def test_images_of_different_sizes_batch_and_bad_input_is_named(checkpoint, tmp_path, test_paths):
     model = captioning.load(checkpoint, device="cpu")
     Image.new("RGB", (48, 40), "red").save(tmp_path / "wide.png")

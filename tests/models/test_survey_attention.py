@@ -1,5 +1,5 @@
 """The survey's forms beyond the scores: the no-attention control (mean), monotonic attention and its public
-alignment function, Luong's local-m, and the hybrid attention's normalisations (tests/models/test_decoders.py runs the
+alignment function, Luong's local-m, the hybrid attention's normalisations and channel-wise attention (tests/models/test_decoders.py runs the
 family's shared checks on each: gradients, packed = plain, beam 1 = greedy)."""
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from family import GRID, build, data
 
 from captioning.factory import registry
 from captioning.models import monotonic_attention
+from captioning.models.attention import SoftAttention
 from captioning.models.attention_family import LocalAttention, LocationAttention, MeanAttention, reading_order
+from captioning.models.channel import ChannelAttention
 from captioning.models.decoders.base import mean_annotation
-from captioning.models.decoding import greedy_decode
+from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.monotonic import MonotonicAttention
 
 D, n = 6, 5
@@ -290,3 +292,76 @@ def test_bad_options_are_refused_by_the_config_check():
                           ({"_target_": "monotonic", "sigmoid_noise": -1.0}, "sigmoid_noise")):
         with pytest.raises(registry.ModelSpecError, match=message):
             registry.resolve("attention", spec, "attention")
+
+
+# -- channel-wise attention (SCA-CNN) ----------------------------------------------------------------------------
+
+def _channel(order: str) -> ChannelAttention:
+    torch.manual_seed(0)
+    return ChannelAttention(D, n, attention_dim=8, channel_dim=4, order=order).double()
+
+
+@pytest.mark.parametrize("order", ["cs", "sc"])
+def test_channel_attention_with_zero_channel_weights_is_soft_attention_exactly(order):
+    att = _channel(order)
+    soft = SoftAttention(D, n, attention_dim=8).double()
+    soft.load_state_dict(att.spatial.state_dict())
+    with torch.no_grad():
+        att.w_out.weight.zero_()  # every channel scores alike: beta = 1/D, gamma = 1
+    a, h, mask = _batch()
+    out, want = att(a, att.prepare(a, (3, 4)), h, mask), soft(a, soft.prepare(a, (3, 4)), h, mask)
+    assert torch.equal(out.context, want.context) and torch.equal(out.alpha, want.alpha)  # bit for bit
+    torch.testing.assert_close(out.channels, torch.full((2, D), 1 / D, dtype=torch.float64))
+
+
+def test_channel_only_with_zero_channel_weights_is_the_mean():
+    att = _channel("c")
+    assert att.spatial is None
+    with torch.no_grad():
+        att.w_out.weight.zero_()
+    a, h, mask = _batch()
+    out = att(a, att.prepare(a, (3, 4)), h, mask)
+    mean, uniform = mean_annotation(a, mask)
+    assert torch.equal(out.context, mean) and torch.equal(out.alpha, uniform)
+
+
+@pytest.mark.parametrize("order", ["cs", "sc", "c"])
+def test_channel_weights_sum_to_one_and_scale_the_features(order):
+    att = _channel(order)
+    a, h, mask = _batch()
+    keys = att.prepare(a, (3, 4))
+    out = att(a, keys, h, mask)
+    beta = out.channels
+    torch.testing.assert_close(beta.sum(1), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(out.alpha.sum(1), torch.ones(2, dtype=torch.float64))
+    assert not out.alpha[0, ~mask[0]].any() and beta.std(1).gt(0).all()
+    gamma = D * beta
+    if order == "cs":  # z = sum_i alpha_i (gamma * a_i)
+        want = gamma * torch.einsum("bl,bld->bd", out.alpha, a)
+    elif order == "sc":  # gamma scales the spatially attended context; v is its mean over the real regions
+        want = gamma * torch.einsum("bl,bld->bd", out.alpha, a)
+        v = torch.einsum("bl,bld->bd", out.alpha, a) / mask.sum(1, keepdim=True)
+        torch.testing.assert_close(att.channel_weights(v, h)[0], beta)
+    else:
+        want = gamma * mean_annotation(a, mask)[0]
+    torch.testing.assert_close(out.context, want)
+    if order != "sc":  # the summary is each channel's masked mean
+        torch.testing.assert_close(att.channel_weights(mean_annotation(a, mask)[0], h)[0], beta)
+
+
+def test_channel_weights_are_carried_through_beam_search_and_greedy():
+    dec = build("sat", "channel").double().eval()
+    a, mask, _ = data(B=3)
+    with torch.no_grad():
+        greedy = greedy_decode(dec, a, 6, mask=mask, grid=GRID)
+        beam1 = beam_search(dec, a, 1, 6, mask=mask, grid=GRID)
+        beam3 = beam_search(dec, a, 3, 6, mask=mask, grid=GRID, n_best=2)
+    for out in (greedy, beam1, beam3):
+        assert out.channels is not None
+        for words, alphas, channels in zip(out.tokens, out.alphas, out.channels):
+            assert alphas.shape == (len(words), GRID[0] * GRID[1]) and channels.shape == (len(words), 10)
+            torch.testing.assert_close(channels.sum(1), torch.ones(len(words), dtype=torch.float64))
+    for x, y in zip(beam1.channels, greedy.channels):
+        torch.testing.assert_close(x, y, atol=1e-12, rtol=0)
+    assert beam3.alternatives is not None and all(m.shape[1] == 20 for alt in beam3.alternatives for _, m, _ in alt)
+    assert greedy_decode(build("sat", "soft").double().eval(), a, 6, mask=mask, grid=GRID).channels is None
