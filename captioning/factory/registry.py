@@ -50,6 +50,7 @@ from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoders.updown import UpDownDecoder
 from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
 from captioning.models.monotonic import MonotonicAttention
+from captioning.models.multilevel import MultiLevelAttention
 from captioning.training.objectives import CrossEntropy, SelfCritical
 
 ENCODERS: dict[str, type[Encoder]] = {
@@ -69,6 +70,7 @@ ATTENTIONS: dict[str, type[nn.Module]] = {
     "mean": MeanAttention,
     "monotonic": MonotonicAttention,
     "channel": ChannelAttention,
+    "multilevel": MultiLevelAttention,
 }
 DECODERS: dict[str, type[nn.Module]] = {
     "sat": ShowAttendTellDecoder,

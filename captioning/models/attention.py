@@ -1,7 +1,7 @@
 """Attention over annotation vectors: the decoder state h_{t-1} picks a context z_t from a_1..a_L.
 
 Every attention module has the same interface so that Hydra can swap them:
-    keys = attn.prepare(a, grid)                # once per image; grid = (h, w) with L = h * w
+    keys = attn.prepare(a, grid, mask)          # once per image; grid = (h, w) with L = h * w
     out = attn(a, keys, h, mask, prev_alpha)    # once per step -> out.context (N, D), out.alpha (N, L)
 
 h (N, n) may hold k consecutive rows per image of a (B, L, D), keys and mask (N = B k, row r is image r // k):
@@ -112,11 +112,13 @@ class Attention(nn.Module):
         self.annotation_dim, self.hidden_dim = annotation_dim, hidden_dim
         self.plain_kernels = False  # True: no fused CPU kernel, the plain formula (`fused.plain_kernels(model)`)
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Per-image work that does not depend on the step (e.g. W_a a_i): one tensor whose first dim is the image.
 
         `grid` is the (h, w) layout of the L = h * w regions (row-major); images with smaller grids are
-        padded to it and their padded regions masked out.
+        padded to it and their padded regions masked out: `mask` (B, L), True at real regions (None: all real),
+        the same mask every step gets.
         """
         return a
 
@@ -163,7 +165,8 @@ class SoftAttention(Attention):
         # Created last, and only when asked for: W_a, W_h and w draw the same initial values either way.
         self.key_mlp = _key_layers(attention_dim, attention_layers - 1) if attention_layers > 1 else None
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         keys = self.W_a(a)  # (B, L, A): computed once per image, not once per step
         return keys if self.key_mlp is None else self.key_mlp(keys)  # (B, L, A)
 

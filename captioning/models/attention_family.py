@@ -113,7 +113,8 @@ class DotAttention(Attention):
         self.W_a = nn.Linear(annotation_dim, hidden_dim, bias=False) if project else nn.Identity()
         self.scale = 1.0 / math.sqrt(hidden_dim) if scale else 1.0
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """W_a a_i (or a_i) once per image: (B, L, n)."""
         return self.W_a(a)  # (B, L, D) -> (B, L, n)
 
@@ -154,7 +155,8 @@ class ConcatAttention(Attention):
         self.W_h = nn.Linear(hidden_dim, attention_dim, bias=False)  # the h-part of W_a
         self.v = nn.Linear(attention_dim, 1, bias=False)
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """W_x a_i once per image: (B, L, A)."""
         return self.W_x(a)  # (B, L, D) -> (B, L, A)
 
@@ -214,11 +216,12 @@ class LocalAttention(Attention):
         """local-m: no centre yet (zeros), so the first step's is the first real region; local-p carries alpha."""
         return torch.zeros_like(uniform) if self.monotonic else uniform
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """The scorer's keys with each region's (row, column) appended: (B, L, K + 2)."""
         B, L, _ = a.shape
         h, w = resolve_grid(L, grid)
-        keys = self.scorer.prepare(a, grid)  # (B, L, K)
+        keys = self.scorer.prepare(a, grid, mask)  # (B, L, K)
         pos = grid_positions(h, w, a.device, keys.dtype).expand(B, L, 2)  # (L, 2) -> (B, L, 2)
         return torch.cat([keys, pos], dim=-1)  # (B, L, K + 2)
 
@@ -297,7 +300,8 @@ class LocationAttention(Attention):
         self.U = nn.Linear(num_filters, attention_dim, bias=False)
         self.w = nn.Linear(attention_dim, 1, bias=False)
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """W_a a_i + b once per image, laid out on the grid: (B, h, w, A)."""
         B, L, _ = a.shape
         h, w = resolve_grid(L, grid)
@@ -355,7 +359,8 @@ class MultiHeadAttention(Attention):
         self.W_v = nn.Linear(annotation_dim, inner)
         self.W_o = nn.Linear(inner, annotation_dim)
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Keys and values of all heads once per image: (B, L, 2 * H * d_k)."""
         return torch.cat([self.W_k(a), self.W_v(a)], dim=-1)  # (B, L, 2 * H * d_k)
 

@@ -55,10 +55,11 @@ class ChannelAttention(Attention):
         self.W_hc = nn.Linear(hidden_dim, channel_dim, bias=False)
         self.w_out = nn.Linear(channel_dim, 1, bias=False)  # w': a bias would cancel in the softmax over channels
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """cs and sc: the spatial attention's keys W_a a_i + b (B, L, A) (cs recomputes them per step but needs them
         for nothing else: it keeps a itself); c: a."""
-        return self.spatial.prepare(a, grid) if self.order == "sc" and self.spatial is not None else a
+        return self.spatial.prepare(a, grid, mask) if self.order == "sc" and self.spatial is not None else a
 
     def channel_weights(self, v: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """beta (N, D), the softmax of the channel scores, and gamma = D beta (N, D), exactly 1 for equal scores,

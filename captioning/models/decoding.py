@@ -30,7 +30,7 @@ class StepDecoder(Protocol):
     k consecutive rows per image (beam search then never copies them k times).
     """
 
-    attention: Any  # has .prepare(a, grid) -> keys (B, L, A)
+    attention: Any  # has .prepare(a, grid, mask) -> keys (B, L, A)
     rows_share_images: bool  # optional; False when absent
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any: ...
@@ -104,7 +104,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     """
     check_decoding(1, max_len)
     (B, L), pad, end = a.shape[:2], PAD_ID, END_ID
-    keys = decoder.attention.prepare(a, grid)  # (B, L, A)
+    keys = decoder.attention.prepare(a, grid, mask)  # (B, L, A)
     state = decoder.init_state(a, mask)
     words = a.new_full((B,), START_ID, dtype=torch.long)
     finished = torch.zeros(B, dtype=torch.bool, device=a.device)
@@ -194,7 +194,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         raise ValueError(f"n_best must be >= 1, got {n_best}")
     (B, L), k, dev = a.shape[:2], beam_size, a.device
     lp, end = float(length_penalty), END_ID
-    keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
+    keys = decoder.attention.prepare(a, grid, mask)  # (B, L, A) once per image
     state = decoder.init_state(a, mask)
     buffers, a = a, autocast_input(a)  # under bf16/fp16 autocast: a cast once, not at every step; buffers float32
     # Step 0 runs once per image (all k beams would start identical), then every row is repeated k times.

@@ -122,11 +122,12 @@ class MonotonicAttention(Attention):
         self.noise_draws: torch.Tensor
         self.register_buffer("noise_draws", torch.zeros((), dtype=torch.long))  # calls that drew seeded noise
 
-    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """The scorer's keys once per image, laid out on the grid (B, h, w, K): the layout travels in the shape."""
         B, L, _ = a.shape
         h, w = resolve_grid(L, grid)
-        return self.scorer.prepare(a, grid).view(B, h, w, -1)
+        return self.scorer.prepare(a, grid, mask).view(B, h, w, -1)
 
     def _order(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The row-major region indices in reading order (L,) for keys (B, h, w, K), and each region's place in it."""

@@ -191,7 +191,7 @@ COMBOS = [pytest.param(a, d, marks=[] if i % 3 == 0 else [pytest.mark.slow], id=
 
 def test_every_attention_type_and_decoder_is_covered():
     fast = {p.values[0] for p in COMBOS if not p.marks}
-    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 11
+    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 12
     assert set(DECODERS) == set(registry.DECODERS)  # every registered decoder has its conf/decoder/ file
     assert {p.values[1] for p in COMBOS if not p.marks} == set(DECODERS)
 
@@ -228,13 +228,16 @@ VARIANTS = {
                                           "order": "column"}},
     "channel-sc": {"attention": {"_target_": "channel", "attention_dim": 16, "order": "sc"}},
     "channel-only": {"attention": {"_target_": "channel", "order": "c"}},
+    "multilevel-gate": {"attention": {"_target_": "multilevel", "attention_dim": 16, "combine": "gate"}},
+    "multilevel-concat": {"attention": {"_target_": "multilevel", "attention_dim": 16, "combine": "concat",
+                                        "pool": 3}},
 }
 
 
 # Luong without input feeding passes a state entry through each step unchanged (captioning/export/graphs.py,
-# `distinct`), local-m carries a one-hot, monotonic attention's parallel form is a closed form of cumulative sums: in
-# the default tier, the others are slow.
-FAST_VARIANTS = ("luong-no-input-feeding", "local-m", "monotonic-parallel")
+# `distinct`), local-m carries a one-hot, monotonic attention's parallel form is a closed form of cumulative sums,
+# multi-level attention's gate mixes two levels' contexts: in the default tier, the others are slow.
+FAST_VARIANTS = ("luong-no-input-feeding", "local-m", "monotonic-parallel", "multilevel-gate")
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=[] if v in FAST_VARIANTS else [pytest.mark.slow])
                                      for v in sorted(VARIANTS)])
 def test_other_encoders_and_decoder_options_export_too(variant, tmp_path):

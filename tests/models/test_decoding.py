@@ -97,7 +97,7 @@ class TableDecoder:
 
     def __init__(self, table, vocab_size: int):
         self.table, self.V = table, vocab_size
-        self.attention = SimpleNamespace(prepare=lambda a, grid=None: a)
+        self.attention = SimpleNamespace(prepare=lambda a, grid=None, mask=None: a)
 
     def init_state(self, a, mask=None):
         return a[:, 0, 0].long(), torch.zeros(a.shape[0], dtype=torch.long)  # image id, prefix code

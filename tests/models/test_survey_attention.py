@@ -1,5 +1,5 @@
 """The survey's forms beyond the scores: the no-attention control (mean), monotonic attention and its public
-alignment function, Luong's local-m, the hybrid attention's normalisations and channel-wise attention (tests/models/test_decoders.py runs the
+alignment function, Luong's local-m, the hybrid attention's normalisations, channel-wise and multi-level attention (tests/models/test_decoders.py runs the
 family's shared checks on each: gradients, packed = plain, beam 1 = greedy)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from captioning.models.channel import ChannelAttention
 from captioning.models.decoders.base import mean_annotation
 from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.monotonic import MonotonicAttention
+from captioning.models.multilevel import MultiLevelAttention, coarse_cells
 
 D, n = 6, 5
 
@@ -365,3 +366,57 @@ def test_channel_weights_are_carried_through_beam_search_and_greedy():
         torch.testing.assert_close(x, y, atol=1e-12, rtol=0)
     assert beam3.alternatives is not None and all(m.shape[1] == 20 for alt in beam3.alternatives for _, m, _ in alt)
     assert greedy_decode(build("sat", "soft").double().eval(), a, 6, mask=mask, grid=GRID).channels is None
+
+
+# -- multi-level attention ------------------------------------------------------------------------------------------
+
+def _multilevel(**kwargs) -> MultiLevelAttention:
+    torch.manual_seed(0)
+    return MultiLevelAttention(D, n, attention_dim=8, **kwargs).double()
+
+
+def test_one_coarse_cell_is_soft_attention_over_the_fine_grid():
+    att = _multilevel(pool=4)  # a 3 x 4 grid in one 4 x 4 block
+    soft = SoftAttention(D, n, attention_dim=8).double()
+    soft.load_state_dict(att.fine.state_dict())
+    a, h, mask = _batch()
+    out, want = att(a, att.prepare(a, (3, 4), mask), h, mask), soft(a, soft.prepare(a, (3, 4), mask), h, mask)
+    torch.testing.assert_close(out.alpha, want.alpha, atol=1e-15, rtol=1e-13)
+    torch.testing.assert_close(out.context, want.context, atol=1e-15, rtol=1e-13)
+
+
+def test_hierarchical_weights_are_the_coarse_weight_times_a_softmax_over_the_children():
+    att = _multilevel(pool=2)
+    a, h, mask = _batch()  # (3, 4) grid -> 2 x 2 coarse cells; image 0's real regions: the top-left 2 x 3
+    out = att(a, att.prepare(a, (3, 4), mask), h, mask)
+    parent, cells = coarse_cells(3, 4, 2)
+    assert parent.tolist() == [0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3] and cells == 4
+    pooled = torch.stack([torch.stack([a[b][(parent == c) & mask[b]].mean(0) if ((parent == c) & mask[b]).any()
+                                       else torch.zeros(D, dtype=a.dtype) for c in range(4)]) for b in range(2)])
+    E = att.coarse.scores(att.coarse.prepare(pooled), h)  # (B, C)
+    has_child = torch.stack([torch.stack([((parent == c) & mask[b]).any() for c in range(4)]) for b in range(2)])
+    A_c = torch.softmax(E.masked_fill(~has_child, float("-inf")), 1)
+    e = att.fine.scores(att.fine.prepare(a), h)
+    for b in range(2):
+        for c in range(4):
+            kids = (parent == c) & mask[b]
+            if kids.any():
+                want = A_c[b, c] * torch.softmax(e[b, kids], 0)
+                torch.testing.assert_close(out.alpha[b, kids], want, atol=1e-15, rtol=1e-12)
+    assert not out.alpha[0, ~mask[0]].any()
+    torch.testing.assert_close(out.alpha.sum(1), torch.ones(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("combine", ["concat", "gate"])
+def test_concat_and_gate_combine_the_levels_contexts_and_draw_the_fine_map(combine):
+    att = _multilevel(combine=combine)
+    a, h, mask = _batch()
+    out = att(a, att.prepare(a, (3, 4), mask), h, mask)
+    fine = torch.softmax(att.fine.scores(att.fine.prepare(a), h).masked_fill(~mask, float("-inf")), 1)
+    torch.testing.assert_close(out.alpha, fine, atol=1e-15, rtol=1e-12)
+    assert out.context.shape == (2, D)
+    if combine == "gate":
+        with torch.no_grad():
+            att.gate.bias.fill_(1e3)  # g = 1: the fine level alone
+        torch.testing.assert_close(att(a, att.prepare(a, (3, 4), mask), h, mask).context,
+                                   torch.einsum("bl,bld->bd", fine, a), atol=1e-12, rtol=1e-10)

@@ -102,7 +102,8 @@ def test_train_app_end_to_end_and_resume(shapes_json, tmp_path):
 
 
 OTHER_ATTENTION = {"hard": ["attention.expected_context_prob=0.0"], "location": [], "multihead": [], "mean": [],
-                   "monotonic": [], "local-m": ["attention.centre=monotonic"], "channel": []}
+                   "monotonic": [], "local-m": ["attention.centre=monotonic"], "channel": [],
+                   "multilevel": []}
 
 
 @pytest.mark.parametrize("attention", sorted(OTHER_ATTENTION))

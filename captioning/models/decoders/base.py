@@ -3,7 +3,7 @@ interface decoding, training, export and visualisation use.
 
 A decoder turns annotation vectors a (B, L, D) into words. Its interface (`Decoder`):
 
-    attention.prepare(a, grid) -> keys        per-image work, once per image
+    attention.prepare(a, grid, mask) -> keys  per-image work, once per image
     init_state(a, mask) -> state              a tuple of tensors, the row first (beam search reorders rows)
     step(words, state, a, keys, mask)         one decoding step: logits (N, V), the new state, its AttentionOutput
     forward(a, captions, image_index, mask, grid, lengths) -> DecoderOutput      teacher forcing
@@ -41,7 +41,7 @@ class Decoder(nn.Module):
     need nothing else. `rows_share_images`: `step` takes a, keys and mask once per image with k state rows each."""
 
     rows_share_images = True
-    attention: Any  # .prepare(a, grid) -> keys; .begin_batch() before each training minibatch
+    attention: Any  # .prepare(a, grid, mask) -> keys; .begin_batch() before each training minibatch
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any:
         raise NotImplementedError

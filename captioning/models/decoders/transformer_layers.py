@@ -143,6 +143,12 @@ def check_cross_attention(module: Attention) -> None:
     if isinstance(module, HardAttention):
         raise ValueError("decoder=transformer cannot use attention=hard: it samples one region per layer and step, "
                          f"which teacher forcing over all positions at once does not do; {others}")
+    with torch.no_grad():
+        on_grid = module.prepare(torch.zeros(1, 1, module.annotation_dim), (1, 1)).dim() != 3
+    if on_grid and not module.reads_previous:
+        name = type(module).__name__.removesuffix("Attention").lower()
+        raise ValueError(f"decoder=transformer cannot use attention={name}: its keys are laid out on the (h, w) grid, "
+                         f"which the Transformer's memory (a sequence of regions) does not keep; {others}")
     if module.reads_previous:
         name = type(module).__name__.removesuffix("Attention").lower()
         raise ValueError(f"decoder=transformer cannot use attention={name}{module.reads_previous_because()}: its "
@@ -199,7 +205,7 @@ class AnnotationMemory(nn.Module):
             m = layer(m, mask)
         if self.norm is not None:
             m = self.norm(m)
-        return torch.cat([m, *(self.layer(i).prepare(m, grid) for i in range(len(self.cross)))], dim=-1)
+        return torch.cat([m, *(self.layer(i).prepare(m, grid, mask) for i in range(len(self.cross)))], dim=-1)
 
     def positions(self, num_regions: int, grid: tuple[int, int] | None) -> torch.Tensor:
         """P (L, d): the row part then the column part of each region's position on the grid (see the class)."""

@@ -185,7 +185,7 @@ def teacher_force(decoder: Recurrence, a: torch.Tensor, captions: torch.Tensor,
 
     lengths (N,): real target tokens per caption (`packing.prefix_lengths`); a caption runs only its own steps
     and the logits are (R, V) for its real tokens only. Without lengths every caption runs all T steps."""
-    keys = decoder.attention.prepare(a, grid)  # (B, L, A): once per image, before expanding to captions
+    keys = decoder.attention.prepare(a, grid, mask)  # (B, L, A): once per image, before expanding to captions
     a, keys, mask, k = images_and_rows(a, keys, mask, image_index)
     plan = StepPlan.of(lengths, a.shape[0], k, captions.shape[1] - 1)
     a, keys, mask = plan.order_images(a, keys, mask)  # images by longest caption, longest first
@@ -210,7 +210,7 @@ def teacher_force_plain(decoder: Recurrence, a: torch.Tensor, captions: torch.Te
                         image_index: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                         grid: tuple[int, int] | None = None) -> DecoderOutput:
     """Teacher forcing written out: every caption its own copy of its image, every step, the cells as they are."""
-    a, keys, mask = plain_rows(a, decoder.attention.prepare(a, grid), mask, image_index)  # (N, L, D), (N, L, A)
+    a, keys, mask = plain_rows(a, decoder.attention.prepare(a, grid, mask), mask, image_index)  # (N, L, D), (N, L, A)
     state = decoder.init_state(a, mask)
     emb = decoder.embed(captions[:, :-1])  # (N, T, m)
     out = Collected()
