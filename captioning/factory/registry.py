@@ -38,8 +38,6 @@ from captioning.models.attention_family import (
     ConcatAttention,
     DotAttention,
     GeneralAttention,
-    LocalAttention,
-    LocationAttention,
     MeanAttention,
     MultiHeadAttention,
 )
@@ -49,6 +47,7 @@ from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoders.updown import UpDownDecoder
 from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
+from captioning.models.grid_attention import LocalAttention, LocationAttention
 from captioning.models.monotonic import MonotonicAttention
 from captioning.models.multilevel import MultiLevelAttention
 from captioning.training.objectives import CrossEntropy, SelfCritical

@@ -48,7 +48,7 @@ class AttentionOutput:
     @property
     def maps(self) -> torch.Tensor:
         """What decoding keeps of each word: alpha (N, L), followed by the channel weights (N, L + C) when there are
-        any (`captioning.models.decoding.split_maps` parts them again)."""
+        any (`captioning.models.decoded.split_maps` parts them again)."""
         return self.alpha if self.channels is None else torch.cat([self.alpha, self.channels.to(self.alpha.dtype)], 1)
 
     @property

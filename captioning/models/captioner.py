@@ -11,8 +11,9 @@ from torch import nn
 
 from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.models.attention import HardAttention
+from captioning.models.decoded import Decoded
 from captioning.models.decoders.base import Decoder, DecoderOutput
-from captioning.models.decoding import Decoded, beam_search, greedy_decode
+from captioning.models.decoding import beam_search, greedy_decode
 from captioning.models.encoder import Encoder
 
 logger = logging.getLogger(__name__)

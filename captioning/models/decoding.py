@@ -9,7 +9,6 @@ k consecutive rows per image (`rows_share_images`), instead of copying them for 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from captioning.base.constraints import check_decoding
 from captioning.base.tokens import END_ID, PAD_ID, START_ID
 from captioning.models.attention import AttentionOutput
+from captioning.models.decoded import Decoded, backtrack, finish
 from captioning.models.fused.dtypes import autocast_input
 from captioning.models.rows import live_rows, map_state, repeat_rows, select_rows
 
@@ -39,19 +39,6 @@ class StepDecoder(Protocol):
              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any, AttentionOutput]: ...
 
 
-@dataclass
-class Decoded:
-    """Decoded captions for B images (special tokens removed) with the attention map of each word."""
-
-    tokens: list[list[int]]  # per image, word ids without <start>/<end>
-    alphas: list[torch.Tensor]  # per image, (T_i, L): the map used to produce each word
-    scores: torch.Tensor  # (B,) raw log-probability of the chosen sequence (incl. <end> if it has one)
-    # beam_search(n_best > 1) only: per image, up to n_best (words, maps, raw log p), best first (the chosen one)
-    alternatives: list[list[tuple[list[int], torch.Tensor, float]]] | None = None
-    # channel-wise attention only: per image, (T_i, C) each word's channel weights
-    channels: list[torch.Tensor] | None = None
-
-
 def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
     """log p(word) renormalised without `special` (<start> and <pad>), which are never targets in training."""
     return F.log_softmax(logits.index_fill(1, special, float("-inf")), dim=-1)  # (N, V)
@@ -60,23 +47,6 @@ def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
 def special_ids(device: torch.device) -> torch.Tensor:
     """The ids decoding never emits: <start> and <pad>."""
     return torch.tensor([START_ID, PAD_ID], device=device)
-
-
-def split_maps(maps: torch.Tensor, num_regions: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The attention maps (..., L) and the channel weights (..., C) (None without) of what decoding kept per word,
-    `AttentionOutput.maps` (..., L [+ C])."""
-    if maps.shape[-1] == num_regions:
-        return maps, None
-    return maps[..., :num_regions], maps[..., num_regions:]
-
-
-def _finish(seqs: torch.Tensor, maps: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor,
-            num_regions: int) -> Decoded:
-    """Cut each caption (B, T) and its maps (B, T, L [+ C]) to its length in words; one transfer to the host."""
-    alphas, channels = split_maps(maps.cpu(), num_regions)
-    n = lengths.tolist()
-    return Decoded([row[:m] for row, m in zip(seqs.tolist(), n)], [alphas[i, :m] for i, m in enumerate(n)], scores,
-                   channels=None if channels is None else [channels[i, :m] for i, m in enumerate(n)])
 
 
 def compact_due(done: torch.Tensor) -> tuple[bool, bool]:
@@ -141,25 +111,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     _put(scores, live, run_scores)
     _put(lengths, live, run_lengths)
     assert maps is not None  # max_len >= 1: step 0 ran
-    return _finish(seqs, maps, lengths, scores, L)
-
-
-def _backtrack(tokens: torch.Tensor, parents: torch.Tensor, alphas: torch.Tensor, lengths: torch.Tensor,
-               beams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Follow back-pointers (T, B, k) from beam `beams` (B,) at step lengths - 1: words (B, T), maps (B, T, L)."""
-    T, B = tokens.shape[:2]
-    img = torch.arange(B, device=tokens.device)
-    seqs = tokens.new_full((B, T), PAD_ID)
-    maps = alphas.new_zeros(B, T, alphas.shape[-1])
-    cur = beams
-    for s in range(T - 1, -1, -1):
-        cur = torch.where(lengths - 1 == s, beams, cur)  # each caption's last word is at step lengths - 1
-        inside = (s < lengths).unsqueeze(1)  # (B, 1)
-        parent = parents[s, img, cur]  # (B,) the beam that ran step s: its alpha_s produced the word
-        seqs[:, s] = torch.where(inside[:, 0], tokens[s, img, cur], PAD_ID)
-        maps[:, s] = torch.where(inside, alphas[s, img, parent], 0.0)  # (B, L)
-        cur = parent
-    return seqs, maps
+    return finish(seqs, maps, lengths, scores, L)
 
 
 @torch.no_grad()
@@ -272,8 +224,8 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     for o, v in zip(out, (best_raw, best_len, best_beam, *pool)):
         _put(o, live, v)
     best_raw, best_len, best_beam = out[:3]
-    seqs, maps = _backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
-    decoded = _finish(seqs, maps, best_len, best_raw, L)
+    seqs, maps = backtrack(tokens[:steps], parents[:steps], alphas[:steps], best_len, best_beam)
+    decoded = finish(seqs, maps, best_len, best_raw, L)
     if n_best > 1:
         decoded.alternatives = _alternatives(decoded, out[3:], tokens[:steps], parents[:steps], alphas[:steps],
                                              best_len, best_beam, L)
@@ -297,7 +249,7 @@ def _alternatives(decoded: Decoded, pool: list[torch.Tensor], tokens: torch.Tens
     """Per image: the chosen caption, then the pool's others by normalised score (n_best in all, fewer if fewer)."""
     _, raw, lengths, beams = pool
     n = raw.shape[1]
-    found = [_finish(*_backtrack(tokens, parents, alphas, lengths[:, j], beams[:, j]), lengths[:, j], raw[:, j],
+    found = [finish(*backtrack(tokens, parents, alphas, lengths[:, j], beams[:, j]), lengths[:, j], raw[:, j],
                      num_regions) for j in range(n)]
     same = ((lengths == best_len.unsqueeze(1)) & (beams == best_beam.unsqueeze(1))).tolist()
     real = torch.isfinite(raw).tolist()

@@ -28,13 +28,8 @@ from torch import nn
 
 from captioning.base.constraints import Size, Weight, constrained
 from captioning.models.attention import Attention, AttentionOutput, weighted
-from captioning.models.attention_family import (
-    ConcatAttention,
-    GeneralAttention,
-    ReadingOrder,
-    reading_order,
-    resolve_grid,
-)
+from captioning.models.attention_family import ConcatAttention, GeneralAttention, resolve_grid
+from captioning.models.grid_attention import ReadingOrder, reading_order
 from captioning.models.rows import rows_per_image
 
 MonotonicMode = Literal["parallel", "recursive", "hard"]

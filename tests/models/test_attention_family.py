@@ -13,13 +13,8 @@ from omegaconf import OmegaConf
 from captioning.factory import registry
 from captioning.factory.models import build_captioner
 from captioning.models.attention import Attention, SoftAttention
-from captioning.models.attention_family import (
-    GeneralAttention,
-    LocalAttention,
-    LocationAttention,
-    grid_positions,
-    resolve_grid,
-)
+from captioning.models.attention_family import GeneralAttention, grid_positions, resolve_grid
+from captioning.models.grid_attention import LocalAttention, LocationAttention
 from captioning.runtime import CONF_DIR
 
 CONF = CONF_DIR / "attention"

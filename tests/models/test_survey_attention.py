@@ -13,10 +13,11 @@ from family import GRID, build, data
 from captioning.factory import registry
 from captioning.models import monotonic_attention
 from captioning.models.attention import SoftAttention
-from captioning.models.attention_family import LocalAttention, LocationAttention, MeanAttention, reading_order
+from captioning.models.attention_family import MeanAttention
 from captioning.models.channel import ChannelAttention
 from captioning.models.decoders.base import mean_annotation
 from captioning.models.decoding import beam_search, greedy_decode
+from captioning.models.grid_attention import LocalAttention, LocationAttention, reading_order
 from captioning.models.monotonic import MonotonicAttention
 from captioning.models.multilevel import MultiLevelAttention, coarse_cells
 

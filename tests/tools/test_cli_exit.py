@@ -334,7 +334,7 @@ def test_train_help_describes_the_tool(tmp_path):
     proc = run("captioning-train", "--help", cwd=tmp_path)
     assert_ok(proc)
     assert proc.stdout.startswith("captioning-train: train a Show, Attend and Tell captioner")
-    assert "Examples:" in proc.stdout and "attention: concat, dot, general, hard" in proc.stdout
+    assert "Examples:" in proc.stdout and "attention: channel, concat, dot, general, hard" in proc.stdout
     assert len(proc.stdout.splitlines()) < 60  # the tool, its options and groups; not the whole config
     for script in ("captioning-evaluate", "captioning-caption", "captioning-score", "captioning-html",
                    "captioning-report", "captioning-extract-features", "captioning-prepare"):
