@@ -10,6 +10,9 @@ the same session, alternating, on a quiet machine:
     for i in 1 2 3 4; do for root in /tmp/before $PWD; do
         PYTHONPATH=$root taskset -c 1 .venv/bin/python experiments/bench_default_step.py --threads 1
     done; done
+
+`--attention NAME` builds the default model with conf/attention/NAME.yaml instead of soft (every attention type's
+step, before and after a change to the family); `--train-only` skips decoding.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def best_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--attention", default="soft", help="conf/attention/<name>.yaml (default: soft, the default run's)")
+    p.add_argument("--train-only", action="store_true", help="time the training step only, not decoding")
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--ragged", action="store_true",
                    help="captions of 4..12 words (+ <end>) padded to the longest, with their lengths where forward "
@@ -53,7 +58,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     root = Path(captioning.__file__).resolve().parents[1]
     conf = lambda group, name: OmegaConf.load(root / "conf" / group / f"{name}.yaml")  # noqa: E731
-    model_cfg = {"encoder": conf("encoder", "small_cnn"), "attention": conf("attention", "soft"),
+    model_cfg = {"encoder": conf("encoder", "small_cnn"), "attention": conf("attention", args.attention),
                  "decoder": conf("decoder", "sat")}
     torch.manual_seed(0)
     model = build_captioner(model_cfg, 40).train()
@@ -80,6 +85,11 @@ def main() -> None:
         opt.step()
 
     train = best_ms(step, args.repeats)
+    kind = " (ragged)" if args.ragged else ""
+    if args.train_only:
+        print(f"{root}: attention={args.attention} train step{kind} {train:.1f} ms (best of {args.repeats}; "
+              f"{args.threads} thread(s))")
+        return
     model.eval()
     grids = torch.rand(50, 3, 64, 64, generator=g)
 
@@ -90,8 +100,7 @@ def main() -> None:
         return generate(model, grids, beam_size=k, max_len=20)
 
     greedy, beam3 = (best_ms(lambda k=k: decode(k), max(5, args.repeats // 4), 1) for k in (1, 3))
-    kind = " (ragged)" if args.ragged else ""
-    print(f"{root}: train step{kind} {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
+    print(f"{root}: attention={args.attention} train step{kind} {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
           f"{args.threads} thread(s))")
 
 
