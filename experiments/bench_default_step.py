@@ -100,8 +100,8 @@ def main() -> None:
         return generate(model, grids, beam_size=k, max_len=20)
 
     greedy, beam3 = (best_ms(lambda k=k: decode(k), max(5, args.repeats // 4), 1) for k in (1, 3))
-    print(f"{root}: attention={args.attention} train step{kind} {train:.1f} ms, greedy {greedy:.1f} ms, beam 3 {beam3:.1f} ms (best of runs; "
-          f"{args.threads} thread(s))")
+    print(f"{root}: attention={args.attention} train step{kind} {train:.1f} ms, greedy {greedy:.1f} ms, "
+          f"beam 3 {beam3:.1f} ms (best of runs; {args.threads} thread(s))")
 
 
 if __name__ == "__main__":
