@@ -133,8 +133,9 @@ class DecoderLayer(nn.Module):
         return x + self.dropout(self.ff(self.norms[2](x))), cache, att
 
 
-def check_cross_attention(module: Attention) -> None:
-    """Refuse the attention types a Transformer layer cannot run in parallel over positions."""
+def check_cross_attention(module: Attention, keys: torch.Tensor) -> None:
+    """Refuse the attention types a Transformer layer cannot run in parallel over positions; `keys` is what the
+    module's `prepare` gave for a probe (its layout)."""
     others = "use attention=multihead (Vaswani's), soft, dot, general, concat or local"
     if isinstance(module, MeanAttention):
         raise ValueError("decoder=transformer cannot use attention=mean: its cross-attention's query (and that "
@@ -143,17 +144,14 @@ def check_cross_attention(module: Attention) -> None:
     if isinstance(module, HardAttention):
         raise ValueError("decoder=transformer cannot use attention=hard: it samples one region per layer and step, "
                          f"which teacher forcing over all positions at once does not do; {others}")
-    with torch.no_grad():
-        on_grid = module.prepare(torch.zeros(1, 1, module.annotation_dim), (1, 1)).dim() != 3
-    if on_grid and not module.reads_previous:
-        name = type(module).__name__.removesuffix("Attention").lower()
-        raise ValueError(f"decoder=transformer cannot use attention={name}: its keys are laid out on the (h, w) grid, "
-                         f"which the Transformer's memory (a sequence of regions) does not keep; {others}")
+    name = type(module).__name__.removesuffix("Attention").lower()
     if module.reads_previous:
-        name = type(module).__name__.removesuffix("Attention").lower()
         raise ValueError(f"decoder=transformer cannot use attention={name}{module.reads_previous_because()}: its "
                          f"weights read the previous step's, which teacher forcing over all positions at once does "
                          f"not have; {others}")
+    if keys.dim() != 3:
+        raise ValueError(f"decoder=transformer cannot use attention={name}: its keys are laid out on the (h, w) grid, "
+                         f"which the Transformer's memory (a sequence of regions) does not keep; {others}")
 
 
 RegionPositions = Literal["none", "sinusoidal", "learned"]
@@ -184,11 +182,12 @@ class AnnotationMemory(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, ff_dim, dropout) for _ in range(encoder_layers))
         self.norm = nn.LayerNorm(d_model) if encoder_layers else None
         cross = [attention(annotation_dim=d_model, hidden_dim=d_model) for _ in range(num_layers)]
-        for module in cross:
-            check_cross_attention(module)
-        with torch.no_grad():  # the width of each layer's keys (no random numbers drawn)
+        with torch.no_grad():  # each layer's keys for a probe: their layout and width (no random numbers drawn)
             probe = torch.zeros(1, 1, d_model)
-            self.widths = [d_model, *(int(m.prepare(probe, (1, 1)).shape[-1]) for m in cross)]
+            probed = [m.prepare(probe, (1, 1)) for m in cross]
+        for module, keys in zip(cross, probed):
+            check_cross_attention(module, keys)
+        self.widths = [d_model, *(int(keys.shape[-1]) for keys in probed)]
         self.cross = nn.ModuleList(cross)
 
     def begin_batch(self) -> None:
