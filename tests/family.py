@@ -18,12 +18,13 @@ from captioning.runtime import CONF_DIR
 from captioning.training.losses import MovingAverageBaseline, hard_attention_loss
 
 # Every conf/attention/ choice, and variants that take another branch of its module (local-m; location's smoothing
-# with sharpening).
+# with sharpening; multirep over two representations, where the file's single encoder gives it one).
 ATTENTION_VARIANTS = {"local-m": ("local", {"centre": "monotonic"}),
-                      "location-smoothing": ("location", {"normalization": "smoothing", "sharpening": 2.0})}
+                      "location-smoothing": ("location", {"normalization": "smoothing", "sharpening": 2.0}),
+                      "multirep-2": ("multirep", {"representations": [4, 6]})}  # D = 10: two representations
 ATTENTIONS = sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml")) + sorted(ATTENTION_VARIANTS)
 SMALL_ATTENTION = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "kernel_size": 3, "num_heads": 2,
-                   "head_dim": 4, "half_width": 2}
+                   "head_dim": 4, "half_width": 2, "score_dim": 5}
 # Test sizes of the registered decoders (a decoder missing here is built at its YAML's sizes), and variants whose
 # recurrence takes another branch.
 SIZES = {"sat": {"embed_dim": 6, "hidden_dim": 7, "init_layers": 2},

@@ -58,7 +58,7 @@ class DatasetConfig(TypedDict):
     image_root: str | None
     generate: Target | None  # a registered data set generator (e.g. build_shapes), run before reading
     reader: Target  # a registered reader, called with the splits to read
-    features: str | None  # a feature cache folder (captioning-extract-features)
+    features: str | list[str] | None  # a feature cache folder (captioning-extract-features); encoder=multi: one each
     prepared: NotRequired[str | None]  # where prepared captions are kept (data/prepared/store.py); null: none
     min_word_freq: Positive
     max_vocab: Annotated[int | None, Range(ge=1)]
@@ -152,7 +152,9 @@ def _dataset_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
         key = name if name in v and v[name] == path else f"reader.{name}"
         if isinstance(path, str) and not Path(path).is_file():
             yield key, f"={path!r}: file not found; set dataset.{key}=PATH"
-    folders = {"features": v.get("features")} if v.get("features") else {"image_root": v.get("image_root")}
+    features = v.get("features")
+    folders = {"image_root": v.get("image_root")} if not features else \
+        {"features": features} if isinstance(features, str) else {f"features[{i}]": p for i, p in enumerate(features)}
     for key, path in folders.items():  # with cached features the images themselves are not read
         if isinstance(path, str) and not Path(path).is_dir():
             yield key, f"={path!r}: folder not found; set dataset.{key}=PATH"

@@ -14,13 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.data.dataset import CaptionDataset
+from captioning.data.dataset import CachedGrids, CaptionDataset
 from captioning.data.prepared.arrays import CaptionTable, caption_counts
 from captioning.data.prepared.store import open_or_prepare
 from captioning.data.readers.records import SPLITS, ImageRecord, collector_paused
 from captioning.data.vocab import Vocabulary
 from captioning.factory import registry
-from captioning.features.cache import FeatureCache
 
 logger = logging.getLogger(__name__)
 LEGACY_FORMATS = ("karpathy", "coco")  # `dataset.format` of a dataset section written before dataset.reader
@@ -123,7 +122,7 @@ def _records(dataset_cfg: DictConfig, wanted: list[str], vocab: Vocabulary | Non
 
 
 def build_datasets(dataset_cfg: DictConfig, transform: Callable, splits: Sequence[str] = ("train", "val", "test"),
-                   vocab: Vocabulary | None = None, features: FeatureCache | None = None,
+                   vocab: Vocabulary | None = None, features: CachedGrids | None = None,
                    checkpoint_data: Path | None = None) -> tuple[Vocabulary, dict[str, CaptionDataset]]:
     """Datasets for the splits; the vocabulary is built from `train` unless one is given (e.g. a checkpoint's).
 

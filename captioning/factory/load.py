@@ -59,6 +59,17 @@ def check_config(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, Any
     return config
 
 
+def no_downloads(spec: Any) -> Any:
+    """An encoder spec with pretrained=false wherever it has the key (encoder=multi: in each of its encoders), so
+    that loading a checkpoint, which holds the weights, never downloads them again."""
+    if not isinstance(spec, dict):
+        return spec  # the builder's checks report it
+    spec = {**spec, "pretrained": False} if "pretrained" in spec else dict(spec)
+    if isinstance(spec.get("encoders"), list):
+        spec["encoders"] = [no_downloads(e) for e in spec["encoders"]]
+    return spec
+
+
 def load_model(path: str | os.PathLike,
                map_location: str | torch.device = "cpu") -> tuple[Captioner, Vocabulary, dict[str, Any]]:
     """Rebuild the model from a checkpoint's (checked) config and load its weights; returns model, vocab, checkpoint.
@@ -74,8 +85,7 @@ def load_model(path: str | os.PathLike,
     ckpt = read_checkpoint(path, map_location)
     model_cfg = dict(check_config(ckpt, path)["model"])
     vocab = checkpoint_vocabulary(ckpt, path)
-    if "pretrained" in model_cfg["encoder"]:  # the checkpoint holds the weights: never download them again
-        model_cfg["encoder"] = {**model_cfg["encoder"], "pretrained": False}
+    model_cfg["encoder"] = no_downloads(model_cfg["encoder"])  # the checkpoint holds the weights
     weights: Any = ckpt.get("model")
     with torch.device("meta"):  # shapes only: nothing is allocated
         shapes = _build(model_cfg, len(vocab), path)

@@ -9,6 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from captioning.base.signature import parameters
 from captioning.factory import registry
 from captioning.models.captioner import Captioner
 from captioning.models.encoder import Encoder
@@ -49,6 +50,10 @@ def build_captioner(model_cfg: Mapping[str, Any] | DictConfig, vocab_size: int,
     att_cls, att_kwargs = registry.resolve("attention", cfg["attention"], f"{prefix}attention")
     dec_cls, dec_kwargs = registry.resolve("decoder", cfg["decoder"], f"{prefix}decoder")
     encoder = enc_cls(**enc_kwargs) if encoder is None else encoder
+    widths = getattr(encoder, "widths", None)  # encoder=multi: the representations' channels
+    takes = "representations" in parameters(att_cls) and not att_kwargs.get("representations")
+    if takes and widths and len(widths) > 1:
+        att_kwargs = {**att_kwargs, "representations": list(widths)}  # attention=multirep: one attention each
     attention = functools.partial(att_cls, **att_kwargs)
     decoder = dec_cls(vocab_size=vocab_size, annotation_dim=encoder.out_dim, attention=attention, **dec_kwargs)
     return Captioner(encoder, decoder)

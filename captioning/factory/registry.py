@@ -49,13 +49,32 @@ from captioning.models.decoders.updown import UpDownDecoder
 from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
 from captioning.models.grid_attention import LocalAttention, LocationAttention
 from captioning.models.monotonic import MonotonicAttention
+from captioning.models.multi_encoder import MultiEncoder, as_spec
 from captioning.models.multilevel import MultiLevelAttention
+from captioning.models.multirep import MultiRepAttention
 from captioning.training.objectives import CrossEntropy, SelfCritical
 
-ENCODERS: dict[str, type[Encoder]] = {
+
+def multi_encoder(encoders: list[Any]) -> MultiEncoder:
+    """`encoder=multi`: each entry of `encoders` is an encoder spec whose `encoder` key names the registered encoder
+    (a nested value may not hold `_target_`) and whose other keys are its arguments, checked as any encoder's."""
+    built = []
+    for i, spec in enumerate(encoders):
+        where = f"encoder.encoders[{i}]"
+        if not isinstance(spec, Mapping) or "encoder" not in spec:
+            raise ModelSpecError(f"{where} must be a mapping whose `encoder` key names one of this project's encoders "
+                                 f"({', '.join(n for n in ENCODERS if n != 'multi')}), got {_short(spec)}")
+        if spec["encoder"] == "multi":
+            raise ModelSpecError(f"{where}.encoder: an encoder=multi cannot hold another multi (list its encoders)")
+        built.append(build("encoder", as_spec(dict(spec)), where))
+    return MultiEncoder(built)
+
+
+ENCODERS: dict[str, Callable[..., Encoder]] = {
     "small_cnn": SmallCNN,
     "vgg": VGGEncoder,
     "resnet": ResNetEncoder,
+    "multi": multi_encoder,
 }
 ATTENTIONS: dict[str, type[nn.Module]] = {
     "soft": SoftAttention,
@@ -70,6 +89,7 @@ ATTENTIONS: dict[str, type[nn.Module]] = {
     "monotonic": MonotonicAttention,
     "channel": ChannelAttention,
     "multilevel": MultiLevelAttention,
+    "multirep": MultiRepAttention,
 }
 DECODERS: dict[str, type[nn.Module]] = {
     "sat": ShowAttendTellDecoder,

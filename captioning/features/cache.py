@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from omegaconf import ListConfig, OmegaConf
 
 from captioning.data.images import ImageError
 from captioning.data.prepared.arrays import SplitView
@@ -41,6 +42,7 @@ from captioning.features.checks import (
 )
 from captioning.features.fingerprint import check_frozen, fingerprint
 from captioning.models.encoder import Encoder
+from captioning.models.multi_encoder import as_spec
 
 
 class FeatureCache:
@@ -122,7 +124,38 @@ class FeatureCache:
 
 
 
-def open_features(path: str | os.PathLike | None, encoder: Encoder,
-                  encoder_cfg: Mapping[str, Any]) -> FeatureCache | None:
-    """The cache `dataset.features` names, checked against the model's encoder; None when it is not set."""
-    return FeatureCache.open(path, encoder, encoder_cfg) if path else None
+class StackedFeatures:
+    """encoder=multi read from one cache per encoder (dataset.features: a list): an image's grids side by side,
+    (L, D_1 + ... + D_K), as the multi encoder would compute them."""
+
+    def __init__(self, caches: Sequence[FeatureCache]):
+        self.caches = list(caches)
+        grids = {c.grid for c in self.caches}
+        if len(grids) > 1:
+            raise ValueError(f"the feature caches {', '.join(str(c.root) for c in self.caches)} hold grids of "
+                             f"different sizes ({', '.join(map(str, sorted(grids)))}); encoder=multi needs one grid")
+        self.grid = self.caches[0].grid
+
+    def __getitem__(self, image_id: int) -> torch.Tensor:
+        return torch.cat([c[image_id] for c in self.caches], dim=1)  # (L, D)
+
+    def require(self, records: Sequence[ImageRecord]) -> None:
+        for c in self.caches:
+            c.require(records)
+
+
+def open_features(path: Any, encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> FeatureCache | StackedFeatures | None:
+    """The cache `dataset.features` names, checked against the model's encoder; None when it is not set. A list
+    names one cache per encoder of encoder=multi (each checked against its encoder), in its order."""
+    if not path:
+        return None
+    paths = OmegaConf.to_container(path) if isinstance(path, ListConfig) else path
+    if not isinstance(paths, (list, tuple)):
+        return FeatureCache.open(cast(str, paths), encoder, encoder_cfg)
+    children = list(getattr(encoder, "encoders", []))
+    if len(paths) != len(children):
+        raise ValueError(f"dataset.features lists {len(paths)} caches: a list needs encoder=multi with one encoder "
+                         f"per cache (this model has {len(children) or 'a single'} encoder"
+                         f"{'s' if len(children) > 1 else ''}); give one folder for a single encoder's cache")
+    specs = encoder_cfg.get("encoders") or [{}] * len(children)
+    return StackedFeatures([FeatureCache.open(p, e, as_spec(s)) for p, e, s in zip(paths, children, specs)])

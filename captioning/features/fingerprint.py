@@ -31,10 +31,18 @@ def weights_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+def _compared(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config keys that decide the features (encoder=multi: in each of its encoders too)."""
+    out = {k: v for k, v in cfg.items() if k not in _NOT_COMPARED}
+    if isinstance(out.get("encoders"), list):
+        out["encoders"] = [_compared(e) if isinstance(e, dict) else e for e in out["encoders"]]
+    return out
+
+
 def fingerprint(encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What decides the features an encoder computes; two caches are interchangeable iff these are equal."""
     plain = OmegaConf.to_container(encoder_cfg, resolve=True) if isinstance(encoder_cfg, DictConfig) else encoder_cfg
-    cfg = {k: v for k, v in dict(cast(Mapping[str, Any], plain)).items() if k not in _NOT_COMPARED}
+    cfg = _compared(dict(cast(Mapping[str, Any], plain)))
     return {"format": CACHE_FORMAT, "code_version": __version__, "encoder": cfg,
             "weights_sha256": weights_digest(encoder), "transform": repr(encoder.transform()), "dim": encoder.out_dim}
 

@@ -61,7 +61,8 @@ class CaptionResult:
     image: Image.Image  # the image as the encoder saw it (after its resize/crop): what the maps cover
     alternatives: list[Alternative] = field(default_factory=list)  # best first (the caption itself), when asked
     regions: list[int] | None = None  # hard attention: the grid cell each word's map picks
-    channels: np.ndarray | None = None  # channel-wise attention: (T, D) float32, word t's channel weights (sum 1)
+    channels: np.ndarray | None = None  # channel-wise attention: (T, D) float32, word t's channel weights (sum 1);
+    # attention=multirep with several representations: (T, K), word t's representation weights (sum 1)
 
     @property
     def caption(self) -> str:

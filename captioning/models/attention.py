@@ -36,7 +36,7 @@ class AttentionOutput:
     index: torch.Tensor | None = None  # (N,) the sampled / chosen region
     heads: torch.Tensor | None = None  # (N, H, L) each head's weights (multi-head attention; alpha is their mean)
     carry: torch.Tensor | None = None  # (N, L) what the next step gets as prev_alpha, when it is not alpha
-    channels: torch.Tensor | None = None  # (N, C) channel weights (channel-wise attention), beside the map
+    channels: torch.Tensor | None = None  # (N, C) channel weights (channel-wise attention), or multirep's K
 
     def select(self, rows: torch.Tensor) -> AttentionOutput:
         """The outputs of these rows (n,) only."""

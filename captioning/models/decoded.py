@@ -19,7 +19,7 @@ class Decoded:
     scores: torch.Tensor  # (B,) raw log-probability of the chosen sequence (incl. <end> if it has one)
     # beam_search(n_best > 1) only: per image, up to n_best (words, maps, raw log p), best first (the chosen one)
     alternatives: list[list[tuple[list[int], torch.Tensor, float]]] | None = None
-    # channel-wise attention only: per image, (T_i, C) each word's channel weights
+    # channel-wise attention: per image, (T_i, C) each word's channel weights (multirep: its K representation weights)
     channels: list[torch.Tensor] | None = None
 
 

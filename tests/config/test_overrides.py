@@ -11,7 +11,7 @@ from captioning.runtime import CONF_DIR
 @pytest.mark.parametrize("args, message", [
     (["atention=hard"], "atention=hard: unknown config group or key (did you mean 'attention'?)"),
     (["attention=sofft"], "attention=sofft: no such choice in attention/ (choose one of channel, concat, dot, general, "
-                          "hard, local, location, mean, monotonic, multihead, multilevel, soft; did you mean 'soft'?)"),
+                          "hard, local, location, mean, monotonic, multihead, multilevel, multirep, soft; did you mean 'soft'?)"),
     (["-m", "attention=soft,hardd"], "attention=soft,hardd: no such choice in attention/"),
     (["decoder.dropuot=0.2"], "decoder.dropuot=0.2: unknown key (did you mean 'dropout'?) (to add a new key, write "
                               "+decoder.dropuot=0.2)"),

@@ -191,7 +191,7 @@ COMBOS = [pytest.param(a, d, marks=[] if i % 3 == 0 else [pytest.mark.slow], id=
 
 def test_every_attention_type_and_decoder_is_covered():
     fast = {p.values[0] for p in COMBOS if not p.marks}
-    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 12
+    assert fast == set(ATTENTIONS) and len(ATTENTIONS) == 13
     assert set(DECODERS) == set(registry.DECODERS)  # every registered decoder has its conf/decoder/ file
     assert {p.values[1] for p in COMBOS if not p.marks} == set(DECODERS)
 
@@ -231,13 +231,18 @@ VARIANTS = {
     "multilevel-gate": {"attention": {"_target_": "multilevel", "attention_dim": 16, "combine": "gate"}},
     "multilevel-concat": {"attention": {"_target_": "multilevel", "attention_dim": 16, "combine": "concat",
                                         "pool": 3}},
+    "multi-encoder-multirep": {"encoder": {"_target_": "multi", "encoders": [
+        {"encoder": "small_cnn", **{k: v for k, v in TINY_MODEL["encoder"].items() if k != "_target_"}},
+        {"encoder": "small_cnn", "channels": [4, 6], "num_pools": 2, "coord_channels": False}]},
+        "attention": {"_target_": "multirep", "attention_dim": 16, "score_dim": 8}},
 }
 
 
 # Luong without input feeding passes a state entry through each step unchanged (captioning/export/graphs.py,
 # `distinct`), local-m carries a one-hot, monotonic attention's parallel form is a closed form of cumulative sums,
-# multi-level attention's gate mixes two levels' contexts: in the default tier, the others are slow.
-FAST_VARIANTS = ("luong-no-input-feeding", "local-m", "monotonic-parallel", "multilevel-gate")
+# multi-level attention's gate mixes two levels' contexts, encoder=multi normalises inside its graph and multirep
+# carries its representation weights: in the default tier, the others are slow.
+FAST_VARIANTS = ("luong-no-input-feeding", "local-m", "monotonic-parallel", "multilevel-gate", "multi-encoder-multirep")
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=[] if v in FAST_VARIANTS else [pytest.mark.slow])
                                      for v in sorted(VARIANTS)])
 def test_other_encoders_and_decoder_options_export_too(variant, tmp_path):
