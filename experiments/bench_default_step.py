@@ -12,7 +12,8 @@ the same session, alternating, on a quiet machine:
     done; done
 
 `--attention NAME` builds the default model with conf/attention/NAME.yaml instead of soft (every attention type's
-step, before and after a change to the family); `--train-only` skips decoding.
+step, before and after a change to the family), `--encoder NAME` with conf/encoder/NAME.yaml; `--train-only` skips
+decoding.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--attention", default="soft", help="conf/attention/<name>.yaml (default: soft, the default run's)")
+    p.add_argument("--encoder", default="small_cnn",
+                   help="conf/encoder/<name>.yaml (default: small_cnn, the default run's; multi: two CNNs)")
     p.add_argument("--train-only", action="store_true", help="time the training step only, not decoding")
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--ragged", action="store_true",
@@ -58,7 +61,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     root = Path(captioning.__file__).resolve().parents[1]
     conf = lambda group, name: OmegaConf.load(root / "conf" / group / f"{name}.yaml")  # noqa: E731
-    model_cfg = {"encoder": conf("encoder", "small_cnn"), "attention": conf("attention", args.attention),
+    model_cfg = {"encoder": conf("encoder", args.encoder), "attention": conf("attention", args.attention),
                  "decoder": conf("decoder", "sat")}
     torch.manual_seed(0)
     model = build_captioner(model_cfg, 40).train()
@@ -87,7 +90,8 @@ def main() -> None:
     train = best_ms(step, args.repeats)
     kind = " (ragged)" if args.ragged else ""
     if args.train_only:
-        print(f"{root}: attention={args.attention} train step{kind} {train:.1f} ms (best of {args.repeats}; "
+        print(f"{root}: encoder={args.encoder} attention={args.attention} train step{kind} {train:.1f} ms (best of "
+              f"{args.repeats}; "
               f"{args.threads} thread(s))")
         return
     model.eval()
@@ -100,7 +104,8 @@ def main() -> None:
         return generate(model, grids, beam_size=k, max_len=20)
 
     greedy, beam3 = (best_ms(lambda k=k: decode(k), max(5, args.repeats // 4), 1) for k in (1, 3))
-    print(f"{root}: attention={args.attention} train step{kind} {train:.1f} ms, greedy {greedy:.1f} ms, "
+    print(f"{root}: encoder={args.encoder} attention={args.attention} train step{kind} {train:.1f} ms, "
+          f"greedy {greedy:.1f} ms, "
           f"beam 3 {beam3:.1f} ms (best of runs; {args.threads} thread(s))")
 
 

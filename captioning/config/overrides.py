@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from captioning.config.check import did_you_mean
@@ -69,8 +69,12 @@ def _has_key(cfg: Any, dotted: str) -> tuple[bool, str, list[str]]:
     """Whether `dotted` exists in cfg; else the first missing part and the keys that exist at its level."""
     node, parts = cfg, dotted.split(".")
     for i, part in enumerate(parts):
+        if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):  # a list's item (encoders.1)
+            node = node[int(part)]
+            continue
         if not isinstance(node, DictConfig) or part not in node.keys():
-            keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+            keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else \
+                [str(k) for k in range(len(node))] if isinstance(node, ListConfig) else []
             return False, ".".join(parts[: i + 1]), keys
         node = node[part]
     return True, "", []

@@ -90,3 +90,14 @@ def test_what_an_own_preset_selects_is_logged_with_its_path(own_conf):
     lines = implied_choices(cfg.hydra.runtime.choices, [CONF_DIR, own_conf], {"experiment"})
     assert lines == [f"experiment=mine selects decoder=updown ({own_conf / 'experiment' / 'mine.yaml'})"]
     assert implied_choices(cfg.hydra.runtime.choices, [CONF_DIR], {"experiment"}) == []  # its file not searched
+
+
+def test_an_item_of_a_list_is_named_by_its_index():
+    """encoder=multi's encoders: `encoder.encoders.1.channels=...` sets the second encoder's argument (Hydra's
+    syntax); a misspelt key inside an item, or an index past the list's end, is refused in one line."""
+    check_overrides(["encoder=multi", "encoder.encoders.1.channels=[8,16,32]"], CONF_DIR, "train")
+    with pytest.raises(OverrideError, match=r"^encoder\.encoders\.1\.chanels=\[8\]: unknown key \(did you mean "
+                                            r"'channels'\?\)"):
+        check_overrides(["encoder=multi", "encoder.encoders.1.chanels=[8]"], CONF_DIR, "train")
+    with pytest.raises(OverrideError, match=r"^encoder\.encoders\.2\.channels=\[8\]: unknown key"):
+        check_overrides(["encoder=multi", "encoder.encoders.2.channels=[8]"], CONF_DIR, "train")

@@ -7,6 +7,10 @@ line. (The family's shared suite runs `multirep-2` with every decoder; the expor
 from __future__ import annotations
 
 import json
+import runpy
+import sys
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -24,6 +28,7 @@ from captioning.models.multi_encoder import MultiEncoder
 from captioning.models.multirep import MultiRepAttention
 from captioning.train import train
 
+REPO = Path(__file__).resolve().parents[2]
 CHILDREN = [{"encoder": "small_cnn", "channels": [8, 16], "num_pools": 2, "image_size": 32},
             {"encoder": "small_cnn", "channels": [4, 6], "num_pools": 2, "image_size": 32, "coord_channels": False}]
 
@@ -200,3 +205,9 @@ def test_train_app_with_two_encoders_and_multirep(shapes_json, tmp_path):
         assert result.channels.shape == (len(result.words), 2)
         np.testing.assert_allclose(result.channels.sum(1), 1, atol=1e-5)
     assert json.loads((tmp_path / "metrics.json").read_text())["attention"] == "multirep"
+    # the survey's figure (experiments/survey_figure.py) draws one row per run from such run folders
+    out = tmp_path / "survey.png"
+    with mock.patch.object(sys, "argv", ["survey_figure.py", f"multirep={tmp_path}", f"again={tmp_path}",
+                                         "--out", str(out)]):
+        runpy.run_path(str(REPO / "experiments" / "survey_figure.py"), run_name="__main__")
+    assert Image.open(out).size[1] > 100
