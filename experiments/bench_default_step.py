@@ -12,8 +12,8 @@ the same session, alternating, on a quiet machine:
     done; done
 
 `--attention NAME` builds the default model with conf/attention/NAME.yaml instead of soft (every attention type's
-step, before and after a change to the family), `--encoder NAME` with conf/encoder/NAME.yaml; `--train-only` skips
-decoding.
+step, before and after a change to the family), `--encoder NAME` with conf/encoder/NAME.yaml, `--set
+attention.centre=monotonic` changes one key; `--train-only` skips decoding.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def main() -> None:
     p.add_argument("--attention", default="soft", help="conf/attention/<name>.yaml (default: soft, the default run's)")
     p.add_argument("--encoder", default="small_cnn",
                    help="conf/encoder/<name>.yaml (default: small_cnn, the default run's; multi: two CNNs)")
+    p.add_argument("--set", action="append", default=[], metavar="GROUP.KEY=VALUE",
+                   help="change one key of the model's encoder, attention or decoder config, e.g. attention.centre="
+                        "monotonic (repeatable; the value is read as YAML)")
     p.add_argument("--train-only", action="store_true", help="time the training step only, not decoding")
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--ragged", action="store_true",
@@ -63,6 +66,10 @@ def main() -> None:
     conf = lambda group, name: OmegaConf.load(root / "conf" / group / f"{name}.yaml")  # noqa: E731
     model_cfg = {"encoder": conf("encoder", args.encoder), "attention": conf("attention", args.attention),
                  "decoder": conf("decoder", "sat")}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        group, name = key.split(".", 1)
+        OmegaConf.update(model_cfg[group], name, OmegaConf.create(f"v: {value}").v)
     torch.manual_seed(0)
     model = build_captioner(model_cfg, 40).train()
     opt = instantiate(conf("optim", "adam"))(model.parameters())
@@ -88,7 +95,7 @@ def main() -> None:
         opt.step()
 
     train = best_ms(step, args.repeats)
-    kind = " (ragged)" if args.ragged else ""
+    kind = (" (ragged)" if args.ragged else "") + "".join(f" {item}" for item in args.set)
     if args.train_only:
         print(f"{root}: encoder={args.encoder} attention={args.attention} train step{kind} {train:.1f} ms (best of "
               f"{args.repeats}; "

@@ -13,12 +13,14 @@ coarse ones). `combine`:
 
 alpha (what figures, attention correctness and the doubly stochastic term read) is the fine map: hierarchical's
 product, or the fine level's softmax for concat and gate (the coarse level's map is not drawn). The grid comes with
-`prepare`, which lays everything per fine cell on the grid (the layout travels in the keys' shape): its keys, its
-coarse cell's keys and pooled annotation, so that no per-batch state sits on the module.
+`prepare`, which lays everything a step reads on the grid (the layout travels in the keys' shape): the fine cells'
+keys and, in the first C cells, the coarse cells' keys, pooled annotations and whether they hold a real region, so
+that no per-batch state sits on the module and each step scores the C coarse cells, not one stand-in per fine cell.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -36,7 +38,14 @@ Combine = Literal["hierarchical", "concat", "gate"]
 def coarse_cells(h: int, w: int, pool: int, device: torch.device | None = None) -> tuple[torch.Tensor, int]:
     """The coarse cell (row-major on the ceil(h / pool) x ceil(w / pool) grid) of each fine cell (L,), and their
     number."""
-    pos = grid_positions(h, w, device, torch.long)  # (L, 2)
+    parent, cells = _coarse_cells(h, w, pool)
+    return parent.to(device), cells
+
+
+@functools.lru_cache(maxsize=64)
+def _coarse_cells(h: int, w: int, pool: int) -> tuple[torch.Tensor, int]:
+    """coarse_cells on the CPU, once per grid (every step reads it; callers never write to it)."""
+    pos = grid_positions(h, w, None, torch.long)  # (L, 2)
     cols = math.ceil(w / pool)
     return (pos[:, 0] // pool) * cols + pos[:, 1] // pool, math.ceil(h / pool) * cols
 
@@ -56,17 +65,19 @@ class MultiLevelAttention(Attention):
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Per fine cell, laid out on the grid (B, h, w, 2A + D): its keys, its coarse cell's keys and its coarse
-        cell's pooled annotation, the mean of its real children (zeros if it has none)."""
+        """Everything a step reads, laid out on the grid (B, h, w, 2A + D + 1): each fine cell's keys (A), then in the
+        first C cells (row-major; zeros in the others) the C coarse cells' keys (A), pooled annotations (the mean of
+        their real children, D) and whether they have a real child (1)."""
         B, L, D = a.shape
         h, w = resolve_grid(L, grid)
         parent, cells = coarse_cells(h, w, self.pool, a.device)
         real = a.new_ones(B, L, 1) if mask is None else mask.unsqueeze(-1).to(a.dtype)  # (B, L, 1)
         sums = a.new_zeros(B, cells, D).index_add_(1, parent, a * real)  # (B, C, D)
         counts = a.new_zeros(B, cells, 1).index_add_(1, parent, real)  # (B, C, 1)
-        pooled = (sums / counts.clamp(min=1)).index_select(1, parent)  # (B, L, D): each fine cell's coarse mean
-        keys = torch.cat([self.fine.prepare(a), self.coarse.prepare(pooled), pooled], dim=-1)
-        return keys.view(B, h, w, -1)
+        pooled = sums / counts.clamp(min=1)  # (B, C, D)
+        coarse = torch.cat([self.coarse.prepare(pooled), pooled, (counts > 0).to(a.dtype)], dim=-1)  # (B, C, A+D+1)
+        coarse = nn.functional.pad(coarse, (0, 0, 0, L - cells))  # (B, L, A + D + 1): C <= L
+        return torch.cat([self.fine.prepare(a), coarse], dim=-1).view(B, h, w, -1)
 
     def forward(self, a: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None,
                 prev_alpha: torch.Tensor | None = None) -> AttentionOutput:
@@ -74,27 +85,26 @@ class MultiLevelAttention(Attention):
             raise ValueError(f"MultiLevelAttention expects keys (B, h, w, K) from its prepare(), got "
                              f"{tuple(keys.shape)}")
         B, L, D = a.shape
-        A = (keys.shape[-1] - D) // 2
+        N = h.shape[0]
+        A = (keys.shape[-1] - D - 1) // 2
         parent, cells = coarse_cells(keys.shape[1], keys.shape[2], self.pool, a.device)  # (L,)
-        fine_keys, coarse_keys, pooled = keys.reshape(B, L, -1).split([A, A, D], dim=-1)
-        k = rows_per_image(B, h.shape[0])
-        member = nn.functional.one_hot(parent, cells).to(torch.bool)  # (L, C)
-        real = torch.ones(B, L, dtype=torch.bool, device=a.device) if mask is None else mask
-        # one fine cell stands for each coarse cell (its first real child): the coarse softmax counts each once
-        first = real.unsqueeze(-1) & member  # (B, L, C)
-        first = first & (first.cumsum(1) == 1)
-        coarse = row_softmax(self.coarse.scores(coarse_keys, h), first.any(-1))  # (N, L) on the stand-ins
-        fine_scores = self.fine.scores(fine_keys, h)  # (N, L)
+        flat = keys.reshape(B, L, -1)
+        coarse_keys, pooled, has_child = flat[:, :cells, A:].split([A, D, 1], dim=-1)  # (B, C, .)
+        k = rows_per_image(B, N)
+        A_c = row_softmax(self.coarse.scores(coarse_keys, h), has_child.squeeze(-1) > 0)  # (N, C)
+        fine_scores = self.fine.scores(flat[..., :A], h)  # (N, L)
         if self.combine == "hierarchical":
-            A_c = torch.bmm(coarse.view(B, k, L), first.to(coarse.dtype)).view(-1, cells)  # (N, C)
-            scores = fine_scores.masked_fill(~real.repeat_interleave(k, dim=0), float("-inf"))  # (N, L)
-            top = scores.unsqueeze(-1).masked_fill(~member, float("-inf")).amax(1)  # (N, C): each cell's max
+            scores = fine_scores if mask is None else \
+                fine_scores.masked_fill(~mask.repeat_interleave(k, dim=0), float("-inf"))  # (N, L)
+            index = parent.expand(N, L)
+            # each cell's largest child score, a shift the softmax over its children does not depend on
+            top = scores.new_full((N, cells), float("-inf")).scatter_reduce(1, index, scores.detach(), "amax")
             top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a cell with no real child
-            e = torch.exp(scores - top.index_select(1, parent))  # (N, L), 0 on padding
-            sums = (e @ member.to(e.dtype)).clamp(min=torch.finfo(e.dtype).tiny)  # (N, C)
-            return weighted(a, e / sums.index_select(1, parent) * A_c.index_select(1, parent))
+            e = torch.exp(scores - top.gather(1, index))  # (N, L), 0 on padding
+            sums = e.new_zeros(N, cells).index_add(1, parent, e).clamp(min=torch.finfo(e.dtype).tiny)  # (N, C)
+            return weighted(a, e / sums.gather(1, index) * A_c.gather(1, index))
         fine = weighted(a, row_softmax(fine_scores, mask))
-        z_c = torch.bmm(coarse.view(B, k, L), pooled).view(-1, D)  # (N, D): the coarse level's context
+        z_c = torch.bmm(A_c.view(B, k, cells), pooled).view(-1, D)  # (N, D): the coarse level's context
         if self.W_z is not None:
             return AttentionOutput(self.W_z(torch.cat([fine.context, z_c], dim=1)), fine.alpha)
         assert self.gate is not None
