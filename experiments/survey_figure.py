@@ -47,7 +47,8 @@ def main() -> None:
     common = sorted(set.intersection(*(set(captions) for _, _, captions, _ in runs)))
     if not common:
         raise SystemExit("the runs captioned no image in common")
-    image_id = common[0] if args.image_id is None else args.image_id
+    worded = [i for i in common if all(i in maps for _, _, _, maps in runs)]  # no run's caption is empty
+    image_id = (worded or common)[0] if args.image_id is None else args.image_id
     if image_id not in common:
         raise SystemExit(f"image {image_id} is not captioned by every run (e.g. {common[:5]})")
     cfg = OmegaConf.load(runs[0][1] / "config.yaml")
@@ -65,7 +66,7 @@ def main() -> None:
         row[0].set_title(name, fontsize=9, fontweight="bold")
         row[0].text(0, 1.0, textwrap.fill(captions[image_id], 24), fontsize=6, va="top", ha="left",
                     transform=row[0].transAxes, color="white", backgroundcolor="black")
-        for ax, word, alpha in zip(row[1:], words, maps[image_id]):
+        for ax, word, alpha in zip(row[1:], words, maps.get(image_id, ())):  # an empty caption has no maps
             ax.imshow(overlay_attention(image, alpha))
             ax.set_title(word, fontsize=8)
         for ax in row:
