@@ -6,7 +6,7 @@ the encoder sees (as the run's own figures draw it). The image is the first test
 `--image-id`. Runs are named `NAME=FOLDER` (or by their folder's name):
 
     python experiments/survey_figure.py soft=outputs/soft mean=outputs/mean monotonic=outputs/monotonic \\
-        --out experiments/figures/survey_maps.png
+        --out experiments/figures/survey_maps.jpg
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def main() -> None:
     p.add_argument("runs", nargs="+", help="NAME=FOLDER or FOLDER, one per row")
     p.add_argument("--image-id", type=int, default=None, help="the test image (default: the first all runs captioned)")
     p.add_argument("--max-words", type=int, default=10, help="word panels per row at most")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dpi", type=int, default=72)
+    p.add_argument("--out", type=Path, required=True, help="the figure: .png, or .jpg (a fraction of the size)")
     args = p.parse_args()
     named = [(r.split("=", 1) if "=" in r else (Path(r).name, r)) for r in args.runs]
     runs = [(name, Path(folder), *read_run(Path(folder))) for name, folder in named]
@@ -57,7 +58,7 @@ def main() -> None:
     model, _, _ = load_model(runs[0][1] / "checkpoints" / "best.pt")
     image = model.encoder.view(load_image(record.path))  # what the encoders see (every run: the same encoder view)
     cols = 1 + args.max_words
-    fig = Figure(figsize=(1.6 * cols, 1.9 * len(runs)), dpi=100)
+    fig = Figure(figsize=(1.6 * cols, 1.9 * len(runs)), dpi=args.dpi)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(runs), cols, squeeze=False)
     for row, (name, _, captions, maps) in zip(axes, runs):
@@ -73,7 +74,7 @@ def main() -> None:
             ax.set_axis_off()
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=100)
+    fig.savefig(args.out, dpi=args.dpi)
     print(f"wrote {args.out}: image {image_id}, {len(runs)} runs")
 
 

@@ -7,7 +7,7 @@
 #
 # OUT  where the runs go (default: outputs/survey_sweep); finished runs there are kept, not rerun.
 # Writes the table (captioning-report: OUT/table.md, .csv, .png) and the figure of one test image's maps under each
-# form (experiments/figures/survey_sweep_maps.png). Environment: MINUTES (default 4), JOBS (default 2), ARGS
+# form (experiments/figures/survey_sweep_maps.jpg). Environment: MINUTES (default 4), JOBS (default 2), ARGS
 # (overrides added to every run; e.g. ARGS="trainer.max_minutes=null" MINUTES=null for the full default budget).
 set -euo pipefail
 out=${1:-outputs/survey_sweep}
@@ -30,4 +30,4 @@ printf '%s\n' "${forms[@]}" | xargs -P "${JOBS:-2}" -I{} bash -c 'run "$1"' _ {}
 captioning-report "$out" --out "$out/table.md" --plot-metric CIDEr \
   --metrics Bleu_4,CIDEr,METEOR,attention_correctness,distinct_captions,epochs,train_seconds
 python experiments/survey_figure.py $(for f in "${forms[@]}"; do n=${f%%|*}; printf '%s=%s ' "$n" "$out/$n"; done) \
-  --out experiments/figures/survey_sweep_maps.png
+  --out experiments/figures/survey_sweep_maps.jpg

@@ -57,6 +57,9 @@ def check_frozen(encoder: Encoder) -> None:
 
 def weights_name(encoder: Encoder) -> str:
     """Human-readable origin of the weights, recorded in meta.json (not compared: the hash is)."""
+    children = getattr(encoder, "encoders", None)  # encoder=multi: each of its encoders'
+    if children is not None:
+        return " + ".join(weights_name(e) for e in children)
     arch = getattr(encoder, "arch", None)
     if arch is None or not getattr(encoder, "pretrained", False):
         return "random initialisation (seeded by the run's `seed`)"

@@ -131,6 +131,17 @@ def test_a_bad_multi_encoder_spec_is_refused_naming_the_entry(encoders, message)
         registry.build("encoder", {"_target_": "multi", "encoders": encoders})
 
 
+def test_a_checkpoint_of_pretrained_encoders_loads_without_downloading_any():
+    from captioning.factory.load import no_downloads
+
+    spec = {"_target_": "multi", "encoders": [{"encoder": "resnet", "arch": "resnet18", "pretrained": True},
+                                              {"encoder": "small_cnn"}, {"encoder": "vgg", "pretrained": True}]}
+    assert no_downloads(spec)["encoders"] == [{"encoder": "resnet", "arch": "resnet18", "pretrained": False},
+                                              {"encoder": "small_cnn"}, {"encoder": "vgg", "pretrained": False}]
+    assert spec["encoders"][0]["pretrained"] is True  # the stored config is not changed
+    assert no_downloads({"_target_": "resnet", "pretrained": True}) == {"_target_": "resnet", "pretrained": False}
+
+
 def _spec(encoder: dict, attention: str) -> dict:
     return {"encoder": encoder, "attention": {"_target_": attention, "attention_dim": 8},
             "decoder": {"_target_": "sat", "embed_dim": 6, "hidden_dim": 7, "dropout": 0.0}}
