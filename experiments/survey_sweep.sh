@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Every attention form on `shapes` in one sweep (experiments/README.md, "Every attention form on `shapes`"): the
-# default run's settings with one attention each (and its encoder, for multirep), JOBS runs at a time with one thread
-# each, each given MINUTES of training (trainer.max_minutes); test split, beam 3.
+# Every attention form on `shapes` in one sweep (experiments/README.md, "Every form in one sweep"): the default run's
+# settings with one attention each (and its encoder, for multirep), JOBS runs at a time with THREADS threads each,
+# each given MINUTES of training (trainer.max_minutes); test split, beam 3.
 #
 #   experiments/survey_sweep.sh [OUT]
 #
 # OUT  where the runs go (default: outputs/survey_sweep); finished runs there are kept, not rerun.
 # Writes the table (captioning-report: OUT/table.md, .csv, .png) and the figure of one test image's maps under each
-# form (experiments/figures/survey_sweep_maps.jpg). Environment: MINUTES (default 4), JOBS (default 2), ARGS
-# (overrides added to every run; e.g. ARGS="trainer.max_minutes=null" MINUTES=null for the full default budget).
+# form (experiments/figures/survey_sweep_maps.jpg). Environment: MINUTES (default 4; null: the full default budget,
+# early stopping), JOBS (default 2), THREADS (default 1; e.g. JOBS=1 THREADS=2 for each run alone on 2 cores), ARGS
+# (overrides added to every run).
 set -euo pipefail
 out=${1:-outputs/survey_sweep}
-export MINUTES=${MINUTES:-4} ARGS=${ARGS:-} OUT=$out
+export MINUTES=${MINUTES:-4} THREADS=${THREADS:-1} ARGS=${ARGS:-} OUT=$out
 forms=("soft|attention=soft" "hard|attention=hard" "dot|attention=dot" "general|attention=general"
        "concat|attention=concat" "local|attention=local" "local-m|attention=local attention.centre=monotonic"
        "location|attention=location" "location-smoothing|attention=location attention.normalization=smoothing"
@@ -22,7 +23,7 @@ run() {
   local name=${1%%|*} overrides=${1#*|}
   [ -f "$OUT/$name/metrics.json" ] && return 0
   # shellcheck disable=SC2086  # the overrides are words
-  OMP_NUM_THREADS=1 captioning-train $overrides hydra.run.dir="$OUT/$name" trainer.progress=false \
+  OMP_NUM_THREADS=$THREADS captioning-train $overrides hydra.run.dir="$OUT/$name" trainer.progress=false \
     trainer.max_minutes="$MINUTES" $ARGS > "$OUT/$name.log" 2>&1 || echo "$name failed: see $OUT/$name.log"
 }
 export -f run

@@ -66,7 +66,7 @@ def multi_encoder(encoders: list[Any]) -> MultiEncoder:
                                  f"({', '.join(n for n in ENCODERS if n != 'multi')}), got {_short(spec)}")
         if spec["encoder"] == "multi":
             raise ModelSpecError(f"{where}.encoder: an encoder=multi cannot hold another multi (list its encoders)")
-        built.append(build("encoder", as_spec(dict(spec)), where))
+        built.append(build("encoder", as_spec(spec), where))
     return MultiEncoder(built)
 
 

@@ -11,7 +11,7 @@ alone, and one transform (and one exported preprocessing) serves them all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -46,7 +46,7 @@ def split_transform(transform: Callable, where: str) -> tuple[list[Any], T.Norma
 def as_spec(entry: Any) -> Any:
     """An entry of encoder=multi's `encoders` ({encoder: NAME, ...arguments}) as the spec of that encoder alone
     ({_target_: NAME, ...}); anything else as it is (the builder reports it)."""
-    if not isinstance(entry, dict) or "encoder" not in entry:
+    if not isinstance(entry, Mapping) or "encoder" not in entry:
         return entry
     return {"_target_": entry["encoder"], **{k: v for k, v in entry.items() if k != "encoder"}}
 
