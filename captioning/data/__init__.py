@@ -7,5 +7,6 @@ models, which never import it).
     shapes/     the built-in synthetic data set: its images and the captions that describe them
     vocab.py    the vocabulary and the tokenizer
     images.py   the one image loader
-    dataset.py  `CaptionDataset`, `collate`: what a DataLoader reads (images, or grids of a feature cache)
+    dataset.py  `CaptionDataset`, `collate`: what a DataLoader reads (images, grids of a feature cache, or region
+                sets padded with their mask)
 """

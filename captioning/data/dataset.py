@@ -31,6 +31,8 @@ class CachedGrids(Protocol):
     """What a data set reads cached annotation grids from: a feature cache (captioning/features/cache.py,
     `FeatureCache`, which sits above the models whose encoder made it)."""
 
+    sets: bool  # True: each image holds its own number of regions (L_i, D), batched with padding and a mask
+
     def __getitem__(self, image_id: int) -> torch.Tensor:
         """The image's annotation grid a (L, D), float32."""
 
@@ -75,7 +77,9 @@ class CaptionDataset(Dataset):
         try:
             image_id, path = self.where(i)
             if self.features is not None:
-                image = self.features[image_id]  # (L, D) cached annotation grid
+                image = self.features[image_id]  # (L, D) cached annotation grid, or (L_i, D) region set
+                if not len(image):
+                    raise ImageError(f"image {image_id} has no regions in its feature set")
             elif self.cached is not None and i in self.cached:
                 image = self.cached[i]
             else:
@@ -88,7 +92,10 @@ class CaptionDataset(Dataset):
         if self.captions_per_image is not None and len(captions) > self.captions_per_image:
             # A fresh random subset each time the image is drawn: every caption is seen over the epochs.
             captions = [captions[j] for j in torch.randperm(len(captions))[: self.captions_per_image].tolist()]
-        return {"image": image, "captions": captions, "index": i, "path": str(path)}
+        item = {"image": image, "captions": captions, "index": i, "path": str(path)}
+        if self.features is not None and self.features.sets:
+            item["regions"] = True  # a set of regions: collate pads the batch's sets and gives their mask
+        return item
 
     def where(self, i: int) -> tuple[int, str | Path]:
         """Image i's id and file (prepared captions give them without building the whole record)."""
@@ -102,36 +109,45 @@ class CaptionDataset(Dataset):
 class Batch:
     """B images and their N captions."""
 
-    images: torch.Tensor  # (B, 3, H, W) images, or (B, L, D) cached annotation grids
+    images: torch.Tensor  # (B, 3, H, W) images, or (B, L, D) cached annotation grids or padded region sets
     captions: torch.Tensor  # (N, T+2) <start> ... <end> <pad>...
     image_index: torch.Tensor  # (N,) image of each caption
     indices: list[int]  # dataset index of each image
     skipped: list[str] = field(default_factory=list)  # why each unreadable image of this batch was left out
+    mask: torch.Tensor | None = None  # (B, L) true at real regions: region sets (None: grids, every region real)
 
     def to(self, device: torch.device | str) -> Batch:
         """Move tensors to a device."""
         return Batch(self.images.to(device), self.captions.to(device), self.image_index.to(device), self.indices,
-                     self.skipped)
+                     self.skipped, None if self.mask is None else self.mask.to(device))
 
 
 def _same_shape(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """Items whose image tensors share the batch's most common shape (ties: the larger one), and why others not.
 
-    Only an encoder whose transform does not resize (SmallCNN without image_size) can give two shapes.
+    Only an encoder whose transform does not resize (SmallCNN without image_size) can give two shapes. Region sets
+    (L_i, D) may differ in L_i: only their D must agree.
     """
-    shapes = Counter(tuple(it["image"].shape) for it in items)
+    shapes = Counter(_shape(it) for it in items)
     if len(shapes) < 2:
         return items, []
     common = max(shapes, key=lambda s: (shapes[s], torch.Size(s).numel()))
     odd = [f"image {it.get('path', it['index'])} becomes a tensor of shape {tuple(it['image'].shape)}, not the "
            f"batch's {common}: the encoder's transform does not resize (give the encoder an image_size)"
-           for it in items if tuple(it["image"].shape) != common]
-    return [it for it in items if tuple(it["image"].shape) == common], odd
+           for it in items if _shape(it) != common]
+    return [it for it in items if _shape(it) == common], odd
+
+
+def _shape(item: dict[str, Any]) -> tuple[int, ...]:
+    """What must agree across a batch: an image's or a grid's whole shape, a region set's D."""
+    return tuple(item["image"].shape[-1:] if item.get("regions") else item["image"].shape)
 
 
 def collate(items: list[dict[str, Any]]) -> Batch:
     """Stack images and pad all captions of the batch into one (N, T) tensor; unreadable images are left out.
 
+    Region sets (items flagged `regions`: (L_i, D) each) are padded with zeros to the batch's largest L and get
+    the mask (B, L), true at real regions, which every attention honours (padding gets exactly zero weight).
     A batch whose images were all unreadable has no images (`indices` empty); callers count `skipped`.
     """
     skipped = [it["error"] for it in items if it["image"] is None]
@@ -143,8 +159,18 @@ def collate(items: list[dict[str, Any]]) -> Batch:
     caps = [c for it in items for c in it["captions"]]
     image_index = torch.tensor([i for i, it in enumerate(items) for _ in it["captions"]])
     captions = torch.nn.utils.rnn.pad_sequence(caps, batch_first=True, padding_value=Vocabulary.pad_id)
-    return Batch(torch.stack([it["image"] for it in items]), captions, image_index, [it["index"] for it in items],
-                 skipped)
+    indices = [it["index"] for it in items]
+    if items[0].get("regions"):
+        images, mask = pad_regions([it["image"] for it in items])
+        return Batch(images, captions, image_index, indices, skipped, mask)
+    return Batch(torch.stack([it["image"] for it in items]), captions, image_index, indices, skipped)
+
+
+def pad_regions(sets: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Region sets (L_i, D) -> (B, L, D) zero-padded to the largest L_i, and the mask (B, L) true at real regions."""
+    counts = torch.tensor([len(s) for s in sets])
+    padded = torch.nn.utils.rnn.pad_sequence(list(sets), batch_first=True)  # (B, L, D)
+    return padded, torch.arange(padded.shape[1]).unsqueeze(0) < counts.unsqueeze(1)  # (B, L)
 
 
 class CaptionPairs(Dataset):

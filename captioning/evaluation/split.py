@@ -92,10 +92,13 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
         skipped += batch.skipped
         if not batch.indices:
             continue
-        decoded, (h, w) = model.generate(batch.images.to(device), beam_size, max_len, length_penalty)
-        for i, toks, alpha in zip(batch.indices, decoded.tokens, decoded.alphas):
+        mask = None if batch.mask is None else batch.mask.to(device)
+        decoded, (h, w) = model.generate(batch.images.to(device), beam_size, max_len, length_penalty, mask=mask)
+        counts = [h * w] * len(batch.indices) if batch.mask is None else batch.mask.sum(dim=1).tolist()
+        for i, toks, alpha, n in zip(batch.indices, decoded.tokens, decoded.alphas, counts):
             words = dataset.vocab.decode(toks)
-            preds.append(Prediction(i, dataset.records[i].image_id, words, alpha.view(-1, h, w)))
+            maps = alpha.view(-1, h, w) if batch.mask is None else alpha[:, :n].reshape(-1, 1, n)  # own regions
+            preds.append(Prediction(i, dataset.records[i].image_id, words, maps))
     model.train(was_training)
     if skipped:
         logger.warning("skipped %d unreadable images (not scored): %s", len(skipped),
@@ -119,7 +122,9 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
         out["skipped"] = scores.skipped
     recs = [dataset.records[p.index] for p in preds]
     sizes = [r.size for r in recs]
-    if all(r.word_boxes for r in recs) and all(size is not None for size in sizes):
+    if region_sets(dataset):
+        logger.info("attention correctness is not computed for region sets: they carry no grid over the image")
+    elif all(r.word_boxes for r in recs) and all(size is not None for size in sizes):
         ac = attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
                                    [r.word_boxes for r in recs], cast(list[tuple[int, int]], sizes))
         out.update(ac)
@@ -166,8 +171,17 @@ def evaluate_split(model: Captioner, dataset: CaptionDataset, ev: EvalSettings, 
     preds = list(preds)
     metrics = {**(before or {}), "split": ev.split, "beam_size": ev.beam_size,
                **score_predictions(preds, dataset, ev.metrics), **(after or {})}
-    if instances is not None:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
+    sets = region_sets(dataset)
+    if instances is not None and not sets:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
         metrics.update(instance_correctness(preds, instances, model))
-    write_outputs(out_dir, preds, dataset, metrics, ev.num_figures, selects_regions(model), model.encoder.view,
-                  report=ev.report)
+    if sets and (ev.num_figures or ev.report or instances is not None):
+        logger.warning("region sets carry no grid over the image: no attention figures, report page or attention "
+                       "correctness (their maps (T, 1, regions) are not drawn); metrics and results are written")
+    write_outputs(out_dir, preds, dataset, metrics, 0 if sets else ev.num_figures, selects_regions(model),
+                  model.encoder.view, report=ev.report and not sets)
     return metrics
+
+
+def region_sets(dataset: CaptionDataset) -> bool:
+    """Whether the data set reads region sets (each image its own number of regions), not grids."""
+    return dataset.features is not None and dataset.features.sets

@@ -48,6 +48,8 @@ from captioning.models.multi_encoder import as_spec
 class FeatureCache:
     """Read access to a finished cache: `cache[image_id]` is the image's annotation grid a (L, D), float32."""
 
+    sets = False  # every image has the same grid
+
     def __init__(self, root: Path, meta: dict[str, Any], image_ids: list[int], failed: dict[str, str]):
         self.root, self.meta, self.failed = root, meta, failed
         self.row = {int(i): k for k, i in enumerate(image_ids)}
@@ -127,6 +129,8 @@ class FeatureCache:
 class StackedFeatures:
     """encoder=multi read from one cache per encoder (dataset.features: a list): an image's grids side by side,
     (L, D_1 + ... + D_K), as the multi encoder would compute them."""
+
+    sets = False
 
     def __init__(self, caches: Sequence[FeatureCache]):
         self.caches = list(caches)

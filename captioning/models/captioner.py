@@ -26,46 +26,58 @@ class Captioner(nn.Module):
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
 
-    def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    def encode(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
         """Annotation vectors a (B, L, D) and the grid size (h, w) with L = h * w.
 
         `images` are either images (B, 3, H, W), run through the encoder, or precomputed annotations a
         (B, L, D) of this encoder (a feature cache), passed through; their grid is square, h = w = sqrt(L).
+        With `mask` (B, L), true at real regions, they are region sets padded to L (`dataset.pad_regions`): a row
+        of L regions, grid (1, L), whose padding the attention gives exactly zero weight.
         """
         if images.dim() == 3:
             B, L, D = images.shape
             side = math.isqrt(L)
+            if mask is not None:
+                if tuple(mask.shape) != (B, L) or mask.dtype != torch.bool or D != self.encoder.out_dim:
+                    raise ValueError(f"region sets must be (B, L, D) with D = {self.encoder.out_dim} and a boolean "
+                                     f"mask (B, L), got {tuple(images.shape)} and {mask.dtype} {tuple(mask.shape)}")
+                return images, (1, L)
             if side * side != L or D != self.encoder.out_dim:
                 raise ValueError(f"precomputed annotations must be (B, L, D) with a square grid L = h * w and "
                                  f"D = {self.encoder.out_dim} (this encoder's), got {tuple(images.shape)}")
             return images, (side, side)  # (B, L, D)
+        if mask is not None:
+            raise ValueError("a region mask goes with region sets (B, L, D), not with images")
         fmap = self.encoder(images)  # (B, D, h, w)
         return fmap.flatten(2).transpose(1, 2), tuple(fmap.shape[-2:])  # (B, L, D)
 
     def forward(self, images: torch.Tensor, captions: torch.Tensor, image_index: torch.Tensor | None = None,
-                lengths: torch.Tensor | None = None) -> DecoderOutput:
+                lengths: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding of captions (N, T+1); image_index (N,) says which image each caption is for.
 
-        `images` may be precomputed annotations (B, L, D) instead of images (see `encode`). Given the captions'
-        lengths (N,) (real targets, `packing.prefix_lengths`), each caption runs its own steps only and the logits
-        are (R, V), one row per real token.
+        `images` may be precomputed annotations (B, L, D) instead of images, or region sets with their `mask`
+        (see `encode`). Given the captions' lengths (N,) (real targets, `packing.prefix_lengths`), each caption
+        runs its own steps only and the logits are (R, V), one row per real token.
         """
-        a, grid = self.encode(images)  # encode each image once, however many captions it has
+        a, grid = self.encode(images, mask)  # encode each image once, however many captions it has
         if lengths is None:
-            return self.decoder(a, captions, image_index, grid=grid)
-        return self.decoder(a, captions, image_index, grid=grid, lengths=lengths)
+            return self.decoder(a, captions, image_index, mask=mask, grid=grid)
+        return self.decoder(a, captions, image_index, mask=mask, grid=grid, lengths=lengths)
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
-                 length_penalty: float = 0.0, n_best: int = 1) -> tuple[Decoded, tuple[int, int]]:
-        """Caption a batch of images (or cached annotations); returns the captions and the attention grid (h, w).
+                 length_penalty: float = 0.0, n_best: int = 1,
+                 mask: torch.Tensor | None = None) -> tuple[Decoded, tuple[int, int]]:
+        """Caption a batch of images (or cached annotations, or region sets with their `mask`); returns the captions
+        and the attention grid (h, w) (region sets: (1, L), each row's maps zero past its own regions).
 
         With n_best > 1 the beam search also returns up to n_best alternatives per image (`Decoded.alternatives`).
         """
-        a, grid = self.encode(images)  # (B, L, D)
+        a, grid = self.encode(images, mask)  # (B, L, D)
         if beam_size == 1 and length_penalty == 0 and n_best == 1:  # beam_search's captions, without the pool
-            return greedy_decode(self.decoder, a, max_len, grid=grid), grid
-        return beam_search(self.decoder, a, beam_size, max_len, length_penalty, grid=grid, n_best=n_best), grid
+            return greedy_decode(self.decoder, a, max_len, mask=mask, grid=grid), grid
+        return beam_search(self.decoder, a, beam_size, max_len, length_penalty, mask=mask, grid=grid,
+                           n_best=n_best), grid
 
 
 class CompiledStep:

@@ -164,7 +164,8 @@ def hard_attention_loss(logits: torch.Tensor, targets: torch.Tensor, alphas: tor
                         baseline: MovingAverageBaseline, attention_weight: float = 1.0, reward_weight: float = 1.0,
                         entropy_weight: float = 0.0, *, attention_reduction: str = "caption_mean",
                         reward: str = "sum", reduction: str = "mean", samples_regions: bool | None = None,
-                        doubly_stochastic_term: bool = True, every_batch: bool = False) -> LossTerms:
+                        doubly_stochastic_term: bool = True, every_batch: bool = False,
+                        region_mask: torch.Tensor | None = None) -> LossTerms:
     """The paper's lower-bound estimator: its gradient is the sum of
     grad log p(y|s,a) + reward_weight (r - b) grad log p(s|a) + entropy_weight grad H(s), with r = log p(y|s,a)
     (`reward`) and the last two terms averaged or summed over captions (`reduction`).
@@ -173,13 +174,14 @@ def hard_attention_loss(logits: torch.Tensor, targets: torch.Tensor, alphas: tor
     For such a model `doubly_stochastic_term=False` leaves the doubly stochastic term out, and `every_batch=True`
     applies the entropy term (H from `alphas`) and updates the baseline also in the minibatches that used the
     expected context, as arctic-captions does. Otherwise such a minibatch gets the soft loss only.
-    Updates the moving-average baseline with this batch's rewards.
+    Updates the moving-average baseline with this batch's rewards. `region_mask` (N, L): each caption's real
+    regions (region sets), the only ones the doubly stochastic term counts.
     """
     _choice("reward", reward, Reward)
     _choice("reduction", reduction, Reduction)
     hard = log_probs is not None if samples_regions is None else samples_regions
     weight = attention_weight if doubly_stochastic_term or not hard else 0.0
-    terms = caption_loss(logits, targets, alphas, pad_id, weight, attention_reduction=attention_reduction)
+    terms = caption_loss(logits, targets, alphas, pad_id, weight, region_mask, attention_reduction)
     if not hard or (log_probs is None and not every_batch):
         return terms
     step_mask = targets != pad_id  # (N, T)

@@ -100,14 +100,14 @@ class CrossEntropy:
             captions, image_index = captions.repeat(self.num_samples, 1), image_index.repeat(self.num_samples)
         lengths = prefix_lengths(captions[:, 1:], Vocabulary.pad_id)  # real words only (None: run every step)
         with precision.autocast(ctx.device, ctx.amp_dtype):
-            out = ctx.forward(batch.images, captions, image_index, lengths)
+            out = ctx.forward(batch.images, captions, image_index, lengths, batch.mask)
         f32 = precision.to_float32  # the loss runs in float32 whatever dtype the forward pass ran in
         terms = hard_attention_loss(
             out.logits.float(), captions[:, 1:], out.alphas.float(), f32(out.log_probs), f32(out.entropies),
             Vocabulary.pad_id, ctx.baseline, self.attention_weight, self.reward_weight, self.entropy_weight,
             attention_reduction=self.attention_reduction, reward=self.reward, reduction=self.reduction,
             samples_regions=ctx.samples_regions, doubly_stochastic_term=self.doubly_stochastic,
-            every_batch=self.every_batch)
+            every_batch=self.every_batch, region_mask=None if batch.mask is None else batch.mask[image_index])
         return terms, {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -118,13 +118,15 @@ class CrossEntropy:
 
 
 @torch.no_grad()
-def greedy_captions(model: Any, images: torch.Tensor, max_len: int) -> list[list[int]]:
-    """The greedy caption of each image as at test time (eval mode, float32), without moving the training RNGs."""
+def greedy_captions(model: Any, images: torch.Tensor, max_len: int,
+                    mask: torch.Tensor | None = None) -> list[list[int]]:
+    """The greedy caption of each image (region sets: with their mask) as at test time (eval mode, float32), without
+    moving the training RNGs."""
     was_training = model.training
     model.eval()
     try:
         with randomness.forked(images.device):
-            decoded, _ = model.generate(images, beam_size=1, max_len=max_len)
+            decoded, _ = model.generate(images, beam_size=1, max_len=max_len, mask=mask)
     finally:
         model.train(was_training)
     return decoded.tokens
@@ -184,8 +186,8 @@ class SelfCritical:
         assert self.reward is not None, "call prepare(train_split) first"
         n = self.samples_per_image
         with precision.autocast(ctx.device, ctx.amp_dtype):
-            samples: Samples = ctx.forward(batch.images)
-        greedy = greedy_captions(ctx.model, batch.images, self.max_len)
+            samples: Samples = ctx.forward(batch.images, batch.mask)
+        greedy = greedy_captions(ctx.model, batch.images, self.max_len, batch.mask)
         images = list(batch.indices)  # the training image of each of the B images
         sampled = self.reward.scores([i for i in images for _ in range(n)],
                                      self.texts(samples.tokens.tolist(), samples.ended.tolist()))
@@ -193,20 +195,24 @@ class SelfCritical:
         rewards = torch.as_tensor(self.reward(sampled), dtype=torch.float32, device=samples.log_probs.device)
         greedy_rewards = torch.as_tensor(self.reward(best), dtype=torch.float32, device=rewards.device)
         b = self_critical_baseline(rewards, greedy_rewards, self.baseline, n)  # (B n,)
-        terms = self.terms(samples, rewards, b, ctx)
+        region_mask = None if batch.mask is None else batch.mask.repeat_interleave(n, dim=0)  # (B n, L)
+        terms = self.terms(samples, rewards, b, ctx, region_mask)
         stats = {"reward": rewards.mean().item(), "reward_baseline": b.mean().item(),
                  "advantage": (rewards - b).mean().item(), "sample_CIDEr": float(sampled["CIDEr"].mean()),
                  "greedy_CIDEr": float(best["CIDEr"].mean()), "sample_length": samples.lengths.float().mean().item()}
         return terms, stats
 
-    def terms(self, samples: Samples, rewards: torch.Tensor, b: torch.Tensor, ctx: LossContext) -> LossTerms:
-        """-mean (r - b) log q(y) (+ the doubly stochastic term; + the regions' REINFORCE and entropy terms)."""
+    def terms(self, samples: Samples, rewards: torch.Tensor, b: torch.Tensor, ctx: LossContext,
+              region_mask: torch.Tensor | None = None) -> LossTerms:
+        """-mean (r - b) log q(y) (+ the doubly stochastic term over each sample's real regions `region_mask`;
+        + the regions' REINFORCE and entropy terms)."""
         mask = samples.mask
         steps = mask.to(samples.log_probs.dtype)  # (N, T)
         total = reinforce_loss(samples.log_probs, rewards, b, mask)
         nll = -(samples.log_probs.detach() * steps).sum(dim=1)  # (N,) -log q(y) of each sample
         weight = self.attention_weight if self.doubly_stochastic or not ctx.samples_regions else 0.0
-        reg = doubly_stochastic(samples.alphas, mask, None, self.attention_reduction) if weight else total.new_zeros(())
+        reg = (doubly_stochastic(samples.alphas, mask, region_mask, self.attention_reduction) if weight
+               else total.new_zeros(()))
         total = total + weight * reg
         policy = entropy = None
         if samples.region_log_probs is not None and samples.entropies is not None:  # hard attention sampled regions

@@ -130,7 +130,7 @@ def _trainer(cfg, attention, out: DecoderOutput, baseline: float | None) -> Trai
     trainer.tc, trainer.device, trainer.amp_dtype = cfg.trainer, torch.device("cpu"), None
     trainer.objective = registry.build("objective", OmegaConf.to_container(cfg.objective))  # the preset's terms
     trainer.model = SimpleNamespace(decoder=SimpleNamespace(attention=attention))
-    trainer.forward_model = lambda images, captions, image_index, lengths=None: out
+    trainer.forward_model = lambda images, captions, image_index, lengths=None, mask=None: out
     trainer.baseline = MovingAverageBaseline(cfg.objective.baseline_decay)
     trainer.baseline.value = baseline
     return trainer

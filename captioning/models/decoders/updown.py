@@ -11,8 +11,8 @@ a language LSTM that reads the context:
 
 v_mean = (1/L) sum_i a_i over the valid (unmasked) regions. The annotations a (B, L, D) here are the encoder's grid
 features, L = h * w CNN regions; Anderson's bottom-up features (Faster R-CNN boxes, one vector per detected object)
-are a data option for later, not in this toolkit yet: the decoder would take them unchanged (a region set and a
-mask), but no data set provides them. The attention LSTM's input is ordered [W_e y_{t-1}; v_mean; h2_{t-1}] (the
+are region sets the pipeline batches with a mask (`data.dataset.pad_regions`), which the decoder takes unchanged;
+their reader is not in this toolkit yet. The attention LSTM's input is ordered [W_e y_{t-1}; v_mean; h2_{t-1}] (the
 paper's x1 reordered) so that its step-invariant part comes first and teacher forcing projects it for all steps
 at once.
 

@@ -62,23 +62,25 @@ def policy_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
 
 
 def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None, samples_per_image: int,
-                    max_len: int, temperature: float = 1.0, top_k: int | None = None) -> Samples:
-    """Draw `samples_per_image` captions for each annotation grid of a (B, L, D), with gradients."""
+                    max_len: int, temperature: float = 1.0, top_k: int | None = None,
+                    mask: torch.Tensor | None = None) -> Samples:
+    """Draw `samples_per_image` captions for each annotation grid of a (B, L, D) (mask (B, L): region sets' real
+    regions), with gradients."""
     n, pad, end = samples_per_image, Vocabulary.pad_id, Vocabulary.end_id
     N = a.shape[0] * n  # rows b n + j
-    keys = decoder.attention.prepare(a, grid)  # (B, L, A) once per image
-    state = repeat_rows(decoder.init_state(a), n)
+    keys = decoder.attention.prepare(a, grid, mask)  # (B, L, A) once per image
+    state = repeat_rows(decoder.init_state(a, mask), n)
     a = autocast_input(a)  # under bf16/fp16 autocast: cast once, not at every step
     shares = getattr(decoder, "rows_share_images", False)
     if not shares:  # else the step reads n rows per image of a and keys
-        a, keys = repeat_rows((a, keys), n)  # (B n, L, D), (B n, L, A)
+        a, keys, mask = repeat_rows((a, keys, mask), n)  # (B n, L, D), (B n, L, A), (B n, L)
     compacts = not isinstance(decoder.attention, HardAttention)  # its region draws happen inside the step
     words = torch.full((N,), Vocabulary.start_id, dtype=torch.long, device=a.device)
     finished = torch.zeros(N, dtype=torch.bool, device=a.device)
     live: torch.Tensor | None = None  # the row (of N) of each running row; None: all, in order
     steps: list[tuple[torch.Tensor | None, dict[str, torch.Tensor]]] = []  # (live, this step's values) per step
     for _ in range(max_len):
-        logits, state, att = decoder.step(words, state, a, keys)
+        logits, state, att = decoder.step(words, state, a, keys, mask)
         logp = policy_log_probs(logits, temperature, top_k)  # (b, V)
         with torch.no_grad():
             drawn = torch.multinomial(logp.exp(), 1).squeeze(1)  # (b,)
@@ -99,7 +101,7 @@ def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None,
             keep = (~image_done).nonzero().squeeze(1)  # (b' / n,) running images
             rows = live_rows(keep, n)  # (b',) their rows
             live = rows if live is None else live[rows]
-            a, keys = select_rows(keep if shares else rows, a, keys)
+            a, keys, mask = select_rows(keep if shares else rows, a, keys, mask)
             words, finished = select_rows(rows, words, finished)
             state = map_state(functools.partial(torch.index_select, dim=0, index=rows), state)
     out = {key: _stack(N, [(idx, v[key]) for idx, v in steps]) for key in steps[0][1]}
@@ -126,8 +128,9 @@ class CaptionSampler(nn.Module):
         self.samples_per_image, self.max_len = samples_per_image, max_len
         self.temperature, self.top_k = temperature, top_k
 
-    def forward(self, images: torch.Tensor) -> Samples:
-        """Encode the images (or pass cached annotations through) and sample n captions per image."""
-        a, grid = self.captioner.encode(images)  # (B, L, D)
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> Samples:
+        """Encode the images (or pass cached annotations or masked region sets through) and sample n captions per
+        image."""
+        a, grid = self.captioner.encode(images, mask)  # (B, L, D)
         return sample_captions(self.captioner.decoder, a, grid, self.samples_per_image, self.max_len,
-                               self.temperature, self.top_k)
+                               self.temperature, self.top_k, mask)
