@@ -10,4 +10,5 @@
     jsonio.py       JSON read and written through it (standard library only: scoring never imports torch)
     lock.py         one writer per output folder
     messages.py     an error message on one line, control characters escaped
+    transforms.py   an image transform's steps (nested Compose flattened): the one walk over them
 """

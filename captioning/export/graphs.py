@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torchvision import transforms as T
 
+from captioning.base.transforms import flat_steps
 from captioning.models.attention import HardAttention
 from captioning.models.captioner import Captioner
 from captioning.models.fused import plain_kernels
@@ -139,13 +140,12 @@ _STEPS: dict[type, Callable[[Any], dict[str, Any]]] = {
 
 def preprocess_steps(transform: Callable) -> list[dict[str, Any]]:
     """An encoder's transform() (a torchvision Compose, nested or not) as steps of captioning.export.preprocess."""
-    if isinstance(transform, T.Compose):
-        return [step for t in transform.transforms for step in preprocess_steps(t)]
-    describe = _STEPS.get(type(transform))
-    if describe is None:
-        raise ValueError(f"the encoder's transform() uses {type(transform).__name__}, which the export cannot "
+    steps = flat_steps(transform)
+    unknown = next((s for s in steps if type(s) not in _STEPS), None)
+    if unknown is not None:
+        raise ValueError(f"the encoder's transform() uses {type(unknown).__name__}, which the export cannot "
                          f"describe (it knows {', '.join(t.__name__ for t in _STEPS)})")
-    return [describe(transform)]
+    return [_STEPS[type(s)](s) for s in steps]
 
 
 def fixed_size(steps: Sequence[dict[str, Any]]) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from captioning.base.jsonio import load_json
+from captioning.base.transforms import flat_steps
 from captioning.data.readers.coco_captions import coco_index
 from captioning.metrics.coco_words import CATEGORY_WORDS, COCO_CATEGORY_IDS
 
@@ -136,13 +137,9 @@ def view_geometry(transform: Any) -> ViewGeometry:
     Pass an encoder's ``transform()``; raises ValueError on a step whose geometry is unknown.
     """
     steps: list[tuple[str, Any]] = []
-
-    def walk(t: Any) -> None:
+    for t in flat_steps(transform):
         name = type(t).__name__
-        if name == "Compose":
-            for sub in t.transforms:
-                walk(sub)
-        elif name == "Resize":
+        if name == "Resize":
             steps.append(("resize", (t.size, t.max_size)))
         elif name == "CenterCrop":
             steps.append(("crop", _pair(t.size)))
@@ -150,8 +147,6 @@ def view_geometry(transform: Any) -> ViewGeometry:
             raise ValueError(f"cannot tell which part of the image the encoder sees after a {name} transform; "
                              f"build the geometry explicitly (full_image, resize_center_crop or a function "
                              f"(height, width) -> View)")
-
-    walk(transform)
     return lambda height, width: _apply_steps(steps, height, width)
 
 

@@ -19,22 +19,16 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
+from captioning.base.transforms import flat_steps
 from captioning.models.encoder import Encoder
 
 _GEOMETRIC = (T.Resize, T.CenterCrop)
 
 
-def _steps(transform: Any) -> list[Any]:
-    """A transform's steps, nested Compose flattened."""
-    if isinstance(transform, T.Compose):
-        return [s for t in transform.transforms for s in _steps(t)]
-    return [transform]
-
-
 def split_transform(transform: Callable, where: str) -> tuple[list[Any], T.Normalize]:
     """An encoder's transform() as its geometric steps (Resize, CenterCrop) and its final Normalize, which must
     follow ToTensor; a ValueError naming `where` for any other transform."""
-    steps = _steps(transform)
+    steps = flat_steps(transform)
     names = " -> ".join(type(s).__name__ for s in steps)
     if (len(steps) < 2 or not isinstance(steps[-2], T.ToTensor) or not isinstance(steps[-1], T.Normalize)
             or not all(isinstance(s, _GEOMETRIC) for s in steps[:-2])):
