@@ -10,6 +10,8 @@ from unittest import mock
 
 import pytest
 import torch
+from family import ATTENTIONS, DECODERS, D, build, refusal
+from fixtures import TINY_CHANNELS, compose_tiny_train
 
 from captioning.data.dataset import CaptionDataset, collate, pad_regions
 from captioning.data.readers.karpathy import read_karpathy
@@ -21,8 +23,6 @@ from captioning.models.encoder import SmallCNN
 from captioning.train import train
 from captioning.training.losses import MovingAverageBaseline
 from captioning.training.objectives import CrossEntropy, LossContext, SelfCritical
-from tests.family import ATTENTIONS, DECODERS, D, build, refusal
-from tests.fixtures import TINY_CHANNELS, compose_tiny_train
 
 
 class GeneratedSets:
