@@ -126,25 +126,28 @@ def corpus_lengths() -> list[int]:
     return [len(s["tokens"]) for im in karpathy_file({"train": 2000})["images"] for s in im["sentences"]]
 
 
-def target_lengths(kind: str, seed: int, max_words: int) -> list[int]:
-    """Real targets (words + <end>) of the benchmark's CAPTIONS captions: all STEPS, or drawn from the corpus."""
+def target_lengths(kind: str, seed: int, max_words: int, count: int = CAPTIONS) -> list[int]:
+    """Real targets (words + <end>) of `count` captions (the benchmark's CAPTIONS): all STEPS, or drawn from the
+    corpus."""
     if kind == "full":
-        return [STEPS] * CAPTIONS
+        return [STEPS] * count
     pool = corpus_lengths()
-    picks = torch.randint(len(pool), (CAPTIONS,), generator=torch.Generator().manual_seed(seed)).tolist()
+    picks = torch.randint(len(pool), (count,), generator=torch.Generator().manual_seed(seed)).tolist()
     return [min(pool[i], max_words) + 1 for i in picks]
 
 
 def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: int,
                    lengths: list[int]) -> dict[str, float]:
-    """One training step: forward (autocast for bf16), loss in float32, backward, Adam, on captions with these
-    numbers of real targets padded to the longest."""
+    """One training step: forward (autocast for bf16 and fp16), loss in float32, backward, Adam (fp16: through a
+    GradScaler, as trainer.precision=fp16), on one caption per image with these numbers of real targets padded to
+    the longest."""
     dec = build(D, device).train()
     opt = torch.optim.Adam(dec.parameters(), lr=1e-4, fused=True)  # as conf/optim/adam.yaml
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     gen = torch.Generator().manual_seed(1)
-    T = max(lengths)
-    a = torch.randn(CAPTIONS, L, D, generator=gen).relu().to(device)  # (B, L, D)
-    captions = torch.randint(4, V, (CAPTIONS, T + 1), generator=gen)  # (N, T + 1)
+    B, T = len(lengths), max(lengths)
+    a = torch.randn(B, L, D, generator=gen).relu().to(device)  # (B, L, D)
+    captions = torch.randint(4, V, (B, T + 1), generator=gen)  # (N, T + 1)
     captions[:, 0] = 1  # <start>
     for r, n in enumerate(lengths):
         captions[r, n], captions[r, n + 1:] = 2, 0  # <end>, then padding
@@ -158,13 +161,18 @@ def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: in
             out = dec(a, captions, **kwargs)
         loss = caption_loss(out.logits.float(), captions[:, 1:], out.alphas.float(), pad_id=0).total
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
 
     best, median = timed(step, device, repeats)
-    flops = teacher_forcing_flops(sizes(D), CAPTIONS, CAPTIONS, T, backward=True)  # the padded batch
-    real = teacher_forcing_flops(sizes(D), CAPTIONS, 1, sum(lengths), backward=True)  # its real tokens only
-    return {"ms": best * 1e3, "median_ms": median * 1e3, "per_s": CAPTIONS / best, "gflop_s": flops / best / 1e9,
+    flops = teacher_forcing_flops(sizes(D), B, B, T, backward=True)  # the padded batch
+    real = teacher_forcing_flops(sizes(D), B, 1, sum(lengths), backward=True)  # its real tokens only
+    return {"ms": best * 1e3, "median_ms": median * 1e3, "per_s": B / best, "gflop_s": flops / best / 1e9,
             "tokens_s": sum(lengths) / best, "real_gflop_s": real / best / 1e9}
 
 
