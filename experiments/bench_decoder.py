@@ -136,6 +136,18 @@ def target_lengths(kind: str, seed: int, max_words: int, count: int = CAPTIONS) 
     return [min(pool[i], max_words) + 1 for i in picks]
 
 
+def training_batch(D: int, device: torch.device, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded training batch: grids a (B, L, D) and one caption (B, T + 1) per image with these numbers of
+    real targets, <end> after them and padding to the longest."""
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(len(lengths), L, D, generator=gen).relu().to(device)  # (B, L, D)
+    captions = torch.randint(4, V, (len(lengths), max(lengths) + 1), generator=gen)  # (N, T + 1)
+    captions[:, 0] = 1  # <start>
+    for r, n in enumerate(lengths):
+        captions[r, n], captions[r, n + 1:] = 2, 0  # <end>, then padding
+    return a, captions.to(device)
+
+
 def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: int,
                    lengths: list[int]) -> dict[str, float]:
     """One training step: forward (autocast for bf16 and fp16), loss in float32, backward, Adam (fp16: through a
@@ -144,14 +156,8 @@ def bench_training(D: int, device: torch.device, dtype: torch.dtype, repeats: in
     dec = build(D, device).train()
     opt = torch.optim.Adam(dec.parameters(), lr=1e-4, fused=True)  # as conf/optim/adam.yaml
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-    gen = torch.Generator().manual_seed(1)
     B, T = len(lengths), max(lengths)
-    a = torch.randn(B, L, D, generator=gen).relu().to(device)  # (B, L, D)
-    captions = torch.randint(4, V, (B, T + 1), generator=gen)  # (N, T + 1)
-    captions[:, 0] = 1  # <start>
-    for r, n in enumerate(lengths):
-        captions[r, n], captions[r, n + 1:] = 2, 0  # <end>, then padding
-    captions = captions.to(device)
+    a, captions = training_batch(D, device, lengths)
     lengths_t = torch.tensor(lengths, device=device)
     kwargs = {"lengths": lengths_t} if "lengths" in inspect.signature(dec.forward).parameters else {}
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

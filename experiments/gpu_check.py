@@ -137,7 +137,6 @@ def environment(c: Check) -> dict[str, Any]:
         with tf32(p == "tf32"):
             c.peaks[p] = bd.matmul_peak(c.device, PRECISIONS[p], 3, n)
     info["measured_gemm_tflops"] = {p: round(v / 1e3, 3) for p, v in c.peaks.items()}
-    c.report["datasheet"] = info["datasheet_tflops"]
     return info
 
 
@@ -164,7 +163,7 @@ def tests(c: Check) -> dict[str, Any]:
 
 def bench(c: Check) -> dict[str, Any]:
     D, repeats = bd.SIZES["resnet"], 2 if c.args.tiny else 5
-    sheet = c.report.get("datasheet") or {}
+    sheet = c.report.get("environment", {}).get("datasheet_tflops") or {}
     rows = []
     for p in c.precisions():
         with tf32(p == "tf32"):
@@ -201,11 +200,7 @@ def compiled(c: Check) -> dict[str, Any]:
     decode_compile_s = time.perf_counter() - start
     compiled_s = bd.timed(decode, c.device, 3)[0]
     train = bd.build(D, c.device).train()
-    lengths = bd.target_lengths("coco", 0, 20, count=8 if c.args.tiny else 32)
-    T = max(lengths)
-    captions = torch.randint(4, bd.V, (len(lengths), T + 1), generator=torch.Generator().manual_seed(1))
-    captions[:, 0] = 1
-    captions, feats = captions.to(c.device), torch.randn(len(lengths), bd.L, D).relu().to(c.device)
+    feats, captions = bd.training_batch(D, c.device, bd.target_lengths("coco", 0, 20, count=8 if c.args.tiny else 32))
 
     def step(model: Callable[..., Any]) -> Callable[[], None]:
         return lambda: model(feats, captions).logits.float().sum().backward()
