@@ -30,7 +30,11 @@ SMALL_ATTENTION = {"attention_dim": 8, "predictor_dim": 8, "num_filters": 3, "ke
 SIZES = {"sat": {"embed_dim": 6, "hidden_dim": 7, "init_layers": 2},
          "luong": {"embed_dim": 6, "hidden_dim": 7},
          "updown": {"embed_dim": 6, "hidden_dim": 7, "init_from_annotations": True},  # gradients reach a via init
-         "transformer": {"d_model": 8, "num_layers": 2, "num_heads": 2, "ff_dim": 12, "encoder_layers": 1}}
+         "transformer": {"d_model": 8, "num_layers": 2, "num_heads": 2, "ff_dim": 12, "encoder_layers": 1},
+         "fc": {"embed_dim": 6, "hidden_dim": 7},
+         "att2in": {"embed_dim": 6, "hidden_dim": 7},
+         "att2all": {"embed_dim": 6, "hidden_dim": 7, "init_from_annotations": True},
+         "adaptive": {"embed_dim": 6, "hidden_dim": 7}}
 VARIANTS = {"luong-no-feeding": ("luong", {"input_feeding": False})}
 DECODERS = sorted(registry.DECODERS) + sorted(VARIANTS)
 V, D, GRID = 13, 10, (4, 5)

@@ -52,7 +52,8 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
                 continue
             image = view(image) if view is not None else image
             regions = chosen_regions(p.alphas) if mark_regions else None
-            plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions)
+            plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions,
+                           sentinel=p.sentinel)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
     if report:
         write_prediction_report(out_dir, preds, dataset, metrics, mark_regions, view)  # report.html, attention.npz

@@ -86,6 +86,7 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
     model.eval()
     device = next(model.parameters()).device
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    sentinel = getattr(model.decoder, "extra_weights", "channels") == "sentinel"  # decoder=adaptive: keep beta_t
     preds: list[Prediction] = []
     skipped: list[str] = []
     for batch in tqdm(loader, desc=f"decode (beam {beam_size})", disable=not progress, leave=False):
@@ -95,10 +96,12 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
         mask = None if batch.mask is None else batch.mask.to(device)
         decoded, (h, w) = model.generate(batch.images.to(device), beam_size, max_len, length_penalty, mask=mask)
         counts = [h * w] * len(batch.indices) if batch.mask is None else batch.mask.sum(dim=1).tolist()
-        for i, toks, alpha, n in zip(batch.indices, decoded.tokens, decoded.alphas, counts):
+        betas = decoded.channels if sentinel and decoded.channels is not None else [None] * len(decoded.tokens)
+        for i, toks, alpha, n, beta in zip(batch.indices, decoded.tokens, decoded.alphas, counts, betas):
             words = dataset.vocab.decode(toks)
             maps = alpha.view(-1, h, w) if batch.mask is None else alpha[:, :n].reshape(-1, 1, n)  # own regions
-            preds.append(Prediction(i, dataset.records[i].image_id, words, maps))
+            preds.append(Prediction(i, dataset.records[i].image_id, words, maps,
+                                    sentinel=None if beta is None else beta[:, 0].float().tolist()))
     model.train(was_training)
     if skipped:
         logger.warning("skipped %d unreadable images (not scored): %s", len(skipped),

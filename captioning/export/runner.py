@@ -37,13 +37,15 @@ Graph = Callable[[list[np.ndarray]], list[np.ndarray]]  # inputs in the manifest
 @dataclass
 class Caption:
     """One image's caption: its words, raw log-probability (with <end> if it has one), word ids and maps (T, h, w),
-    and with channel-wise attention each word's channel weights (T, C)."""
+    and with channel-wise attention each word's channel weights (T, C) (decoder=adaptive: each word's visual
+    sentinel weight (T,) instead, as `sentinel`)."""
 
     words: list[str]
     log_prob: float
     tokens: list[int]
     alphas: np.ndarray
     channels: np.ndarray | None = None
+    sentinel: np.ndarray | None = None
 
 
 def _onnxruntime() -> Any:
@@ -144,6 +146,11 @@ class Runner:
         """Caption preprocessed images (B, 3, H, W) in one batch."""
         h, w = self.manifest.grid
         found: list[Found] = decode(self, self.encode(images), beam_size, max_len, length_penalty)
-        return [Caption(words_of(f.tokens, self.vocab.itos), f.log_prob, f.tokens,
-                        f.alphas[:, : h * w].reshape(-1, h, w),
-                        f.alphas[:, h * w:] if f.alphas.shape[1] > h * w else None) for f in found]
+        sentinel = (self.manifest.model.get("decoder") or {}).get("_target_") == "adaptive"
+        out = []
+        for f in found:
+            extra = f.alphas[:, h * w:] if f.alphas.shape[1] > h * w else None
+            out.append(Caption(words_of(f.tokens, self.vocab.itos), f.log_prob, f.tokens,
+                               f.alphas[:, : h * w].reshape(-1, h, w), None if sentinel else extra,
+                               extra[:, 0] if sentinel and extra is not None else None))
+        return out

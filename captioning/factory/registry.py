@@ -42,6 +42,9 @@ from captioning.models.attention_family import (
     MultiHeadAttention,
 )
 from captioning.models.channel import ChannelAttention
+from captioning.models.decoders.adaptive import AdaptiveDecoder
+from captioning.models.decoders.att2in import Att2allDecoder, Att2inDecoder
+from captioning.models.decoders.fc import ShowTellDecoder
 from captioning.models.decoders.luong import LuongDecoder
 from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoders.transformer import TransformerDecoder
@@ -96,6 +99,10 @@ DECODERS: dict[str, type[nn.Module]] = {
     "luong": LuongDecoder,
     "updown": UpDownDecoder,
     "transformer": TransformerDecoder,
+    "fc": ShowTellDecoder,
+    "att2in": Att2inDecoder,
+    "att2all": Att2allDecoder,
+    "adaptive": AdaptiveDecoder,
 }
 # `dataset.generate` of a data set the project makes itself (a checkpoint's dataset section may name it).
 DATASET_GENERATORS: dict[str, Callable[..., Any]] = {

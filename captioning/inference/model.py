@@ -63,6 +63,8 @@ class CaptionResult:
     regions: list[int] | None = None  # hard attention: the grid cell each word's map picks
     channels: np.ndarray | None = None  # channel-wise attention: (T, D) float32, word t's channel weights (sum 1);
     # attention=multirep with several representations: (T, K), word t's representation weights (sum 1)
+    sentinel: np.ndarray | None = None  # decoder=adaptive: (T,) float32, word t's visual sentinel weight beta_t in
+    # [0, 1] (Lu et al. 2017): how much of the word came from the language model rather than the image
 
     @property
     def caption(self) -> str:
@@ -75,6 +77,8 @@ class CaptionResult:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-friendly part: source, caption, log_prob and the alternatives when there are any."""
         out: dict[str, Any] = {"source": self.source, "caption": self.caption, "log_prob": round(self.log_prob, 6)}
+        if self.sentinel is not None:
+            out["sentinel"] = [round(float(b), 4) for b in self.sentinel]
         if self.alternatives:
             out["alternatives"] = [{"caption": a.caption, "log_prob": round(a.log_prob, 6)} for a in self.alternatives]
         return out
@@ -88,6 +92,7 @@ class CaptionModel:
         self.transform = model.encoder.transform()
         self.config: dict[str, Any] = checkpoint.get("config", {})
         self.marks_regions = selects_regions(model)
+        self.sentinel = getattr(model.decoder, "extra_weights", "channels") == "sentinel"  # decoder=adaptive
 
     def select_attention_map(self, layer: int | None = None, head: int | None = None) -> None:
         """decoder=transformer: caption with the map of cross-attention layer `layer` (-1: the last) and head
@@ -145,12 +150,14 @@ class CaptionModel:
                         for toks, _, score in (decoded.alternatives[j] if decoded.alternatives else [])]
                 if alternatives and not alts:  # greedy (beam 1): its one caption
                     alts = [Alternative(tuple(self.vocab.decode(decoded.tokens[j])), float(decoded.scores[j]))]
+                extra = None if decoded.channels is None else decoded.channels[j].float().numpy()
+                sentinel = extra[:, 0] if extra is not None and self.sentinel else None
                 results[i] = CaptionResult(
                     source=sources[i], words=self.vocab.decode(decoded.tokens[j]), log_prob=float(decoded.scores[j]),
                     attention=maps.float().numpy(), image=self.model.encoder.view(images[i]),
                     alternatives=alts[:alternatives],
                     regions=chosen_regions(maps) if self.marks_regions and len(maps) else None,
-                    channels=None if decoded.channels is None else decoded.channels[j].float().numpy())
+                    channels=None if sentinel is not None else extra, sentinel=sentinel)
         return [r for r in results if r is not None]
 
     def plot(self, result: CaptionResult, path: str | os.PathLike | None = None) -> Figure | Path:
@@ -159,8 +166,10 @@ class CaptionModel:
         if not result.words:
             raise ValueError(f"{result.source}: the caption is empty, there is no attention map to draw")
         if path is None:
-            return attention_figure(result.image, result.words, result.attention, regions=result.regions)
-        return plot_attention(result.image, result.words, result.attention, path, regions=result.regions)
+            return attention_figure(result.image, result.words, result.attention, regions=result.regions,
+                                    sentinel=result.sentinel)
+        return plot_attention(result.image, result.words, result.attention, path, regions=result.regions,
+                              sentinel=result.sentinel)
 
 
 def load(checkpoint: str | os.PathLike, device: str = "auto") -> CaptionModel:

@@ -145,8 +145,10 @@ def attention_figure(
     smooth: bool = True,
     ncols: int = 5,
     title: str | None = None,
+    sentinel: Sequence[float] | np.ndarray | None = None,
 ) -> Figure:
-    """Build the grid figure: the image, then one attention-overlay panel per word (hard-attention cell boxed)."""
+    """Build the grid figure: the image, then one attention-overlay panel per word (hard-attention cell boxed;
+    decoder=adaptive: the sentinel's weight beta beside each word, the share of the word not taken from the image)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
@@ -158,6 +160,8 @@ def attention_figure(
         regions = _checked_regions(regions, len(words), h, w)
     if ncols < 1:
         raise ValueError(f"ncols must be >= 1, got {ncols}")
+    if sentinel is not None and len(sentinel) != len(words):
+        raise ValueError(f"got {len(words)} words but {len(sentinel)} sentinel weights")
 
     img = _display_image(image)
     W, H = img.size
@@ -177,7 +181,8 @@ def attention_figure(
     cell_w, cell_h = W / w, H / h
     for t, (ax, word) in enumerate(zip(axes[1:n], words)):
         ax.imshow(overlay_attention(img, maps[t], smooth=smooth))
-        ax.set_title(word, fontsize=11, **PLAIN_TEXT)
+        label = word if sentinel is None else f"{word}  \u03b2={float(sentinel[t]):.2f}"
+        ax.set_title(label, fontsize=11, **PLAIN_TEXT)
         if regions is not None:
             r, c = divmod(regions[t], w)
             # imshow puts pixel centres on integers, so pixel edges sit at -0.5.
@@ -203,10 +208,12 @@ def plot_attention(
     smooth: bool = True,
     ncols: int = 5,
     title: str | None = None,
+    sentinel: Sequence[float] | np.ndarray | None = None,
 ) -> Path:
     """Save a grid figure (PNG, atomically): the image, then one panel per word with its attention overlay; returns
     the path."""
-    fig = attention_figure(image, words, alphas, regions=regions, smooth=smooth, ncols=ncols, title=title)
+    fig = attention_figure(image, words, alphas, regions=regions, smooth=smooth, ncols=ncols, title=title,
+                           sentinel=sentinel)
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -145,7 +145,7 @@ def items_from_predictions(preds: Sequence[Prediction], dataset: CaptionDataset,
     `images` is False)."""
     return [ReportItem(p.image_id, list(p.words), list(dataset.records[p.index].raw), dict(p.scores),
                        load_view_uri(dataset.records[p.index].path, view) if images else None,
-                       p.alphas.detach().cpu().float().numpy() if p.words else None, mark_regions)
+                       p.alphas.detach().cpu().float().numpy() if p.words else None, mark_regions, p.sentinel)
             for p in preds]
 
 

@@ -21,6 +21,7 @@ class Prediction:
     words: list[str]
     alphas: torch.Tensor  # (T, h, w)
     scores: dict[str, float] = field(default_factory=dict)  # per-image metrics, once scored
+    sentinel: list[float] | None = None  # decoder=adaptive: each word's visual sentinel weight beta_t
 
     @property
     def caption(self) -> str:
@@ -38,6 +39,7 @@ class ReportItem:
     image_uri: str | None = None  # JPEG thumbnail of the encoder's view, as a data URI
     alphas: np.ndarray | None = None  # (T, h, w), one map per word
     mark_regions: bool = False  # hard attention: outline the cell each map selects (its argmax)
+    sentinel: list[float] | None = None  # decoder=adaptive: each word's visual sentinel weight, shown beside it
 
     def __post_init__(self) -> None:
         if self.alphas is not None:
@@ -48,4 +50,7 @@ class ReportItem:
             if not np.all(np.isfinite(a)):
                 raise ValueError(f"image {self.image_id}: alphas contain non-finite values")
             self.alphas = a
+        if self.sentinel is not None and len(self.sentinel) != len(self.words):
+            raise ValueError(f"image {self.image_id}: {len(self.sentinel)} sentinel weights for "
+                             f"{len(self.words)} words")
 

@@ -93,6 +93,7 @@ td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-n
 .word { cursor: pointer; padding: 0 1px; border-radius: 3px; }
 .word:hover, .word.active { background: #ffe08a; }
 tr.pinned .word.active { outline: 2px solid #d08000; }
+.beta { color: #777; font-size: 70%; margin-left: 1px; }
 ol.refs { margin: 0; padding-left: 1.4em; color: #555; }
 </style></head>
 <body>
@@ -182,7 +183,10 @@ def _overall_table(metrics: Mapping[str, Any]) -> str:
 
 
 def _row(n: int, item: ReportItem, columns: Sequence[str]) -> str:
-    words = " ".join(f'<span class="word" data-t="{t}" tabindex="0">{html.escape(wd)}</span>'
+    beta = [""] * len(item.words) if item.sentinel is None else [
+        f'<sub class="beta" title="visual sentinel weight: the share of this word not taken from the image">'
+        f'\u03b2 {b:.2f}</sub>' for b in item.sentinel]
+    words = " ".join(f'<span class="word" data-t="{t}" tabindex="0">{html.escape(wd)}</span>{beta[t]}'
                      for t, wd in enumerate(item.words)) or '<span class="empty">(empty caption)</span>'
     if item.image_uri is not None:
         view = f'<img class="thumb" src="{item.image_uri}" alt="image {item.image_id}">'

@@ -1,6 +1,7 @@
 """The Python API (captioning.load): the same preprocessing and captions as evaluation, results that hold what
 they say (maps per word that sum to 1, alternatives led by the caption), and clear errors."""
 
+import json
 import subprocess
 import sys
 
@@ -85,6 +86,25 @@ def test_channel_wise_attention_gives_each_words_channel_weights(shapes_json, te
     np.testing.assert_allclose(result.channels.sum(1), 1.0, atol=1e-5)
     np.testing.assert_allclose(result.attention.sum(axis=(1, 2)), 1.0, atol=1e-5)  # the spatial maps stay maps
     assert captioning.load(checkpoint, device="cpu").caption(test_paths[0]).channels is None  # soft attention
+
+
+def test_the_adaptive_model_gives_each_words_sentinel_weight(shapes_json, test_paths, tmp_path):
+    from captioning.train import train
+
+    train(compose_tiny_train(shapes_json, "decoder=adaptive", "trainer.max_epochs=10", "eval.num_figures=0"), tmp_path)
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")  # each word's weight beside it on the report
+    assert page.count('<sub class="beta"') == sum(len(r["caption"].split()) for r in
+                                                  json.loads((tmp_path / "results.json").read_text()))
+    model = captioning.load(tmp_path / "checkpoints" / "best.pt", device="cpu")
+    result = next(r for r in model.caption(test_paths) if r.words)
+    T = len(result.words)
+    assert result.channels is None and result.sentinel is not None
+    assert result.sentinel.shape == (T,) and result.sentinel.dtype == np.float32
+    assert ((result.sentinel > 0) & (result.sentinel < 1)).all()
+    np.testing.assert_allclose(result.attention.sum(axis=(1, 2)), 1.0, atol=1e-5)  # the spatial maps stay maps
+    assert result.to_dict()["sentinel"] == [round(float(b), 4) for b in result.sentinel]
+    titles = [ax.get_title() for ax in model.plot(result).axes[1:]]
+    assert titles == [f"{w}  \u03b2={b:.2f}" for w, b in zip(result.words, result.sentinel)]
 
 
 def test_images_of_different_sizes_batch_and_bad_input_is_named(checkpoint, tmp_path, test_paths):

@@ -41,6 +41,7 @@ class Decoder(nn.Module):
     need nothing else. `rows_share_images`: `step` takes a, keys and mask once per image with k state rows each."""
 
     rows_share_images = True
+    extra_weights = "channels"  # what AttentionOutput.channels holds per word ("sentinel": decoder=adaptive's beta_t)
     attention: Any  # .prepare(a, grid, mask) -> keys; .begin_batch() before each training minibatch
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any:

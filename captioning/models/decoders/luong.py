@@ -58,7 +58,7 @@ class LuongDecoder(RecurrentDecoder):
         return h, c, torch.zeros_like(h), self.attention.initial_carry(alpha0)
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]:
+                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
         """The LSTM's input starts with E y_{t-1}."""
         return {self.lstm: emb}
 

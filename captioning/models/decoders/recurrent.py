@@ -4,7 +4,8 @@ A recurrent decoder defines
 
     init_state(a, mask) -> state          the state tuple (rows first), e.g. (h, c, previous alpha)
     fixed_inputs(emb, a, mask, spread)    each LSTM cell's input part known before the loop: the embedded previous
-                                          word E y_{t-1} (and, for Up-Down, the mean annotation)
+                                          word E y_{t-1} (and, for Up-Down, the mean annotation); also the input
+                                          of any other layer that reads only those (`io.project(layer)`)
     recur(io, state, a, keys, mask)       one step of its equations -> `unroll.Step`
     readout(emb, *parts) -> logits        the output layer, on the readout inputs `recur` returned
 
@@ -36,10 +37,11 @@ class RecurrentDecoder(Decoder):
         return repeat_rows(self.init_state(a, mask), k)
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]:
+                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
         """Each LSTM cell's input part that does not depend on the recurrence, for the rows of emb (P, m), the
         embedded previous words (`spread` maps a per-image tensor of a's images onto those rows); `recur` passes
-        the rest of each cell's input to `io.lstm`."""
+        the rest of each cell's input to `io.lstm`. A key that is not an LSTM cell is a layer `recur` reads as
+        `io.project(layer)`: the layer on its fixed input, computed for every step at once in teacher forcing."""
         raise NotImplementedError
 
     def recur(self, io: StepIO, state: Any, a: torch.Tensor, keys: torch.Tensor,

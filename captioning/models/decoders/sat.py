@@ -98,7 +98,7 @@ class ShowAttendTellDecoder(RecurrentDecoder):
         return att, beta * att.context, beta.squeeze(1)
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]:
+                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
         """The LSTM's input starts with E y_{t-1}."""
         return {self.lstm: emb}
 

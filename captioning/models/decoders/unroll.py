@@ -58,7 +58,7 @@ class Recurrence(Protocol):
     def init_rows(self, a: torch.Tensor, mask: torch.Tensor | None, k: int) -> Any: ...
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]: ...
+                     spread: Spread) -> dict[nn.Module, torch.Tensor]: ...
 
     def recur(self, io: StepIO, state: Any, a: torch.Tensor, keys: torch.Tensor,
               mask: torch.Tensor | None) -> Step: ...
@@ -72,7 +72,8 @@ class StepIO:
     The state holds every row of the images still running; attention runs on all of them (an image's k rows share
     its keys). `rows` are the rows of captions still running (None: every row): `run(x)` is those rows of x,
     `put(x, part)` writes their new values back; `lstm(cell, x, h, c)` is the cell on those rows, its input [the
-    cell's fixed input of this step; x]."""
+    cell's fixed input of this step; x]; `project(layer)` is a layer (not a cell) applied to its fixed input of this
+    step, on those rows (a recurrence's word part that is not an LSTM cell's: Att2in's gates, the sentinel's)."""
 
     rows: torch.Tensor | None = None
 
@@ -92,11 +93,14 @@ class StepIO:
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def project(self, layer: nn.Module) -> torch.Tensor:
+        raise NotImplementedError
+
 
 class PlainStep(StepIO):
     """Every row, the cells and layers as they are; `fixed` holds each cell's fixed input of this step (N, m)."""
 
-    def __init__(self, fixed: dict[nn.LSTMCell, torch.Tensor]):
+    def __init__(self, fixed: dict[nn.Module, torch.Tensor]):
         self.fixed = fixed
 
     def lstm(self, cell: nn.LSTMCell, x: torch.Tensor | None, h: torch.Tensor,
@@ -109,14 +113,21 @@ class PlainStep(StepIO):
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return layer(x)
 
+    def project(self, layer: nn.Module) -> torch.Tensor:
+        return layer(self.fixed[layer])
+
 
 class PackedStep(StepIO):
     """Step t of packed teacher forcing: the running captions' rows (`plan.rows[t]`, None: every row), the cells
-    unrolled over all steps (their fixed inputs projected up front), bias-free linear maps unrolled too."""
+    unrolled over all steps (their fixed inputs projected up front), bias-free linear maps unrolled too, and the
+    other layers of fixed inputs applied to every step's rows in one call up front."""
 
-    def __init__(self, plan: StepPlan, fixed: dict[nn.LSTMCell, torch.Tensor]):
+    def __init__(self, plan: StepPlan, fixed: dict[nn.Module, torch.Tensor]):
         self.plan, self.t, self.rows = plan, 0, plan.rows[0] if plan.steps else None
-        self.cells = {cell: UnrolledLSTM(cell, x, plan.counts) for cell, x in fixed.items()}
+        self.cells = {cell: UnrolledLSTM(cell, x, plan.counts) for cell, x in fixed.items()
+                      if isinstance(cell, nn.LSTMCell)}
+        self.projected = {layer: layer(x).split(plan.counts) for layer, x in fixed.items()
+                          if not isinstance(layer, nn.LSTMCell)}  # T x (n_t, out): step-major as the words
         self.linears: dict[nn.Module, UnrolledLinear] = {}
 
     def at(self, t: int) -> None:
@@ -132,6 +143,9 @@ class PackedStep(StepIO):
         if layer not in self.linears:
             self.linears[layer] = UnrolledLinear(layer.weight, self.plan.steps)
         return self.linears[layer](self.t, x)
+
+    def project(self, layer: nn.Module) -> torch.Tensor:
+        return self.projected[layer][self.t]
 
 
 class Collected:

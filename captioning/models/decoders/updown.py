@@ -69,7 +69,7 @@ class UpDownDecoder(RecurrentDecoder):
         return h1, c1, h2, c2, self.attention.initial_carry(alpha0)
 
     def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.LSTMCell, torch.Tensor]:
+                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
         """The attention LSTM's input starts with [W_e y_{t-1}; v_mean]; nothing of the language LSTM's is fixed."""
         v_mean = spread(mean_annotation(a, mask)[0])  # (B, D) -> the rows' (P, D)
         return {self.att_lstm: torch.cat([emb, v_mean.to(emb.dtype)], dim=1),
