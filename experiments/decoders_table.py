@@ -13,7 +13,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-NAMES = {"sat_soft": "SAT soft", "sat_hard": "SAT hard", "updown": "Up-Down", "transformer": "Transformer"}
+NAMES = {"sat_soft": "SAT soft", "sat_hard": "SAT hard", "updown": "Up-Down", "transformer": "Transformer",
+         "fc": "Show and Tell", "att2in": "Att2in", "att2all": "Att2all", "adaptive": "Adaptive (sentinel)",
+         "aoa": "AoA", "m2": "M2"}
 
 
 def row(run: Path, label: str) -> str:
@@ -44,8 +46,9 @@ def main(out: Path, table: Path, figure: Path) -> None:
     lines = ["| model | BLEU-4 | METEOR | CIDEr | attention correctness | distinct captions | s / epoch | best epoch |",
              "|---|---|---|---|---|---|---|---|"]
     for name, label in NAMES.items():
-        lines.append(row(out / f"xe_{name}", f"{label} XE"))
-        lines.append(row(out / f"scst_{name}", f"{label} SCST"))
+        for phase in ("xe", "scst"):
+            if (out / f"{phase}_{name}" / "metrics.json").is_file():  # runs not made (MODELS, XE_ONLY) are left out
+                lines.append(row(out / f"{phase}_{name}", f"{label} {phase.upper()}"))
     text = "\n".join(lines) + "\n"
     table.write_text(text)
     print(text)

@@ -34,7 +34,9 @@ SIZES = {"sat": {"embed_dim": 6, "hidden_dim": 7, "init_layers": 2},
          "fc": {"embed_dim": 6, "hidden_dim": 7},
          "att2in": {"embed_dim": 6, "hidden_dim": 7},
          "att2all": {"embed_dim": 6, "hidden_dim": 7, "init_from_annotations": True},
-         "adaptive": {"embed_dim": 6, "hidden_dim": 7}}
+         "adaptive": {"embed_dim": 6, "hidden_dim": 7},
+         "aoa": {"embed_dim": 6, "hidden_dim": 8, "refiner_layers": 1, "refiner_heads": 2},
+         "m2": {"d_model": 8, "num_layers": 2, "num_heads": 2, "ff_dim": 12, "encoder_layers": 2, "memory_slots": 3}}
 VARIANTS = {"luong-no-feeding": ("luong", {"input_feeding": False})}
 DECODERS = sorted(registry.DECODERS) + sorted(VARIANTS)
 V, D, GRID = 13, 10, (4, 5)

@@ -17,7 +17,7 @@ from torch import nn
 
 from captioning.models.attention import SoftAttention
 from captioning.models.attention_family import grid_positions
-from captioning.models.decoders.transformer_layers import SelfAttention
+from captioning.models.decoders.transformer_layers import MemorySelfAttention, SelfAttention
 from captioning.runtime import CONF_DIR
 
 # Java runs coco-caption's PTB tokenizer and METEOR; tests that need them are skipped without it, and are in the
@@ -79,14 +79,15 @@ def cancelling_entries(model: nn.Module) -> dict[str, torch.Tensor]:
     - `SoftAttention` (and `HardAttention`): e_ti = w^T tanh(...) + b, the bias b of `w` on every region's score
       (REINFORCE's log p(s_t) = e_ts - logsumexp_i e_ti cancels it too);
     - the Transformer's `SelfAttention`: q^T (W_k x_j + b_k) = q^T W_k x_j + q^T b_k, the key bias b_k (the middle
-      third of `qkv.bias`) the same for every key j.
+      third of `qkv.bias`) the same for every key j; not M2's `MemorySelfAttention`, whose memory slots' keys
+      carry no b_k.
     """
     out: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
         if isinstance(module, SoftAttention) and module.w.bias is not None:
             out[f"{prefix}w.bias"] = torch.ones_like(module.w.bias, dtype=torch.bool)
-        elif isinstance(module, SelfAttention):
+        elif isinstance(module, SelfAttention) and not isinstance(module, MemorySelfAttention):
             d = module.out.in_features
             keys = torch.zeros(3 * d, dtype=torch.bool)
             keys[d:2 * d] = True  # qkv = [W_q; W_k; W_v] x + [b_q; b_k; b_v]

@@ -39,7 +39,7 @@ from captioning.export.manifest import BACKENDS, MANIFEST, SUFFIX, Manifest, gra
 from captioning.export.preprocess import check_steps
 from captioning.export.runner import Runner
 from captioning.factory.load import load_model
-from captioning.models.attention import HardAttention
+from captioning.models.attention import HardAttention, core_of
 from captioning.models.captioner import Captioner
 
 EXAMPLE_ROWS, CHECK_ROWS = 2, (1, 3)  # 2: torch.export treats sizes 0 and 1 as constants
@@ -243,7 +243,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, bac
     config = ckpt.get("config") or {}
     model_cfg = copy.deepcopy(config.get("model") or {})
     if hard_test_mode is not None:
-        attention = model.decoder.attention
+        attention = core_of(model.decoder.attention)
         if not isinstance(attention, HardAttention):
             raise ValueError(f"--hard-test-mode applies to hard attention only; this model has "
                              f"{type(attention).__name__}")

@@ -21,7 +21,7 @@ from torch import nn
 from torchvision import transforms as T
 
 from captioning.base.transforms import flat_steps
-from captioning.models.attention import HardAttention
+from captioning.models.attention import HardAttention, core_of
 from captioning.models.captioner import Captioner
 from captioning.models.fused import plain_kernels
 
@@ -123,7 +123,8 @@ def refusal(model: Captioner) -> str | None:
     attention = getattr(decoder, "attention", None)
     if not callable(getattr(attention, "prepare", None)):
         return f"the decoder {type(decoder).__name__} has no attention with prepare(): it cannot be exported"
-    if isinstance(attention, HardAttention) and attention.test_mode == "sample":
+    hard = core_of(attention)
+    if isinstance(hard, HardAttention) and hard.test_mode == "sample":
         return ("hard attention with test_mode=sample draws a region at random at every step, which an exported "
                 "graph cannot reproduce; export it with test_mode=expectation or argmax (--hard-test-mode)")
     return None

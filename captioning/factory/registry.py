@@ -43,9 +43,11 @@ from captioning.models.attention_family import (
 )
 from captioning.models.channel import ChannelAttention
 from captioning.models.decoders.adaptive import AdaptiveDecoder
+from captioning.models.decoders.aoa import AoADecoder
 from captioning.models.decoders.att2in import Att2allDecoder, Att2inDecoder
 from captioning.models.decoders.fc import ShowTellDecoder
 from captioning.models.decoders.luong import LuongDecoder
+from captioning.models.decoders.m2 import M2Decoder
 from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoders.updown import UpDownDecoder
@@ -103,6 +105,8 @@ DECODERS: dict[str, type[nn.Module]] = {
     "att2in": Att2inDecoder,
     "att2all": Att2allDecoder,
     "adaptive": AdaptiveDecoder,
+    "aoa": AoADecoder,
+    "m2": M2Decoder,
 }
 # `dataset.generate` of a data set the project makes itself (a checkpoint's dataset section may name it).
 DATASET_GENERATORS: dict[str, Callable[..., Any]] = {

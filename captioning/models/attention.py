@@ -57,6 +57,12 @@ class AttentionOutput:
         return self.alpha if self.carry is None else self.carry
 
 
+def core_of(module: object) -> object:
+    """A decoder's attention module's own type (`Attention.core`), or the module itself when it is not one of the
+    attention group's (the Transformer's AnnotationMemory)."""
+    return module.core if isinstance(module, Attention) else module
+
+
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over regions (last dim) that gives padded regions (mask False) exactly zero weight."""
     if mask is not None:
@@ -124,6 +130,12 @@ class Attention(nn.Module):
 
     def begin_batch(self) -> None:
         """Called by the trainer before each training minibatch (hard attention tosses its coin here)."""
+
+    @property
+    def core(self) -> Attention:
+        """The attention type's own module: this one, or the one a wrapper runs (decoder=aoa, adaptive: the
+        attention over their transformed annotations); what `isinstance` checks of the type should read."""
+        return self
 
     def reads_previous_because(self) -> str:
         """The options that make this type read the previous step's weights ('' for the type itself), for messages."""

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from captioning.base.decoding import BEAM_SIZE, MAX_LEN
-from captioning.models.attention import HardAttention
+from captioning.models.attention import HardAttention, core_of
 from captioning.models.decoded import Decoded
 from captioning.models.decoders.base import Decoder, DecoderOutput
 from captioning.models.decoding import beam_search, greedy_decode
@@ -114,7 +114,7 @@ def compile_decoding(model: Captioner, enabled: bool, backend: Any = "inductor")
 
 def selects_regions(model: Captioner) -> bool:
     """Whether the model's attention picks single regions (hard attention), so figures should mark them."""
-    return isinstance(model.decoder.attention, HardAttention)
+    return isinstance(core_of(model.decoder.attention), HardAttention)
 
 
 def select_attention_map(model: Captioner, layer: int | None = None, head: int | None = None) -> None:

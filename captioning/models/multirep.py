@@ -43,9 +43,9 @@ class MultiRepAttention(Attention):
         widths = tuple(int(w) for w in representations) if representations else (annotation_dim,)
         if sum(widths) != annotation_dim:
             raise ValueError(f"attention=multirep: the representations' widths {list(widths)} add up to "
-                             f"{sum(widths)}, not to the annotations' {annotation_dim} channels (decoder=transformer "
-                             f"attends over its own d_model memory, not the encoder's representations: use sat, "
-                             f"luong or updown with encoder=multi)")
+                             f"{sum(widths)}, not to the annotations' {annotation_dim} channels (decoder=transformer, "
+                             f"aoa and adaptive attend over their own projection of the regions, not the encoder's "
+                             f"representations: use sat, luong, updown, att2in or att2all with encoder=multi)")
         self.widths, self.attention_dim = widths, attention_dim
         self.reps = nn.ModuleList(SoftAttention(w, hidden_dim, attention_dim) for w in widths)
         self.P = nn.ModuleList(nn.Linear(w, score_dim, bias=False) for w in widths) if len(widths) > 1 else None

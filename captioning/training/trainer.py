@@ -174,7 +174,8 @@ class Trainer(RunState):
             vals.update(policy=terms.policy.item(), entropy=terms.entropy.item())
             if self.baseline.value is not None:  # set by the loss's first update
                 vals["baseline"] = self.baseline.value
-        return vals | self.step_stats  # objective=scst: reward, its baseline, advantage, CIDEr-D, lengths
+        # objective=scst: reward, its baseline, advantage, CIDEr-D, lengths; decoder=m2: the memory's share
+        return vals | self.step_stats | self.model.decoder.stats()
 
     # -- validation and test ------------------------------------------------------------------
     def decode(self, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float,

@@ -43,3 +43,35 @@ def test_transformer_has_the_published_sizes_and_warmup():
         sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(512 ** -0.5 * 20000 ** -0.5)  # NoamOpt's peak, step 20000
     assert (cfg.dataset.batch_size, cfg.trainer.max_epochs) == (10, 15)
+
+
+@pytest.mark.parametrize(("preset", "sizes"), [
+    ("coco_fc", {"lstm.hidden_size": 512, "embed.embedding_dim": 512}),
+    ("coco_att2in", {"hidden_dim": 512, "embed.embedding_dim": 512, "attention.W_a.out_features": 512}),
+    ("coco_att2all", {"hidden_dim": 512, "embed.embedding_dim": 512, "W_I.out_features": 5 * 512}),
+    ("coco_adaptive", {"hidden_dim": 512, "embed.embedding_dim": 512, "attention.inner.W_a.out_features": 512}),
+    ("coco_aoa", {"hidden_dim": 1024, "embed.embedding_dim": 1024, "attention.inner.num_heads": 8}),
+    ("coco_m2", {"d_model": 512, "num_heads": 8, "attention.levels": 3}),
+])
+def test_the_zoo_presets_have_their_papers_sizes(preset, sizes):
+    cfg = compose_config(f"experiment={preset}", "encoder.pretrained=false")
+    model = build_captioner(model_config(cfg), 10000)
+    for path, want in sizes.items():
+        value = model.decoder
+        for part in path.split("."):
+            value = getattr(value, part)
+        assert value == want, (preset, path)
+    assert cfg.decoder.dropout == (0.1 if preset == "coco_m2" else 0.5) and cfg.trainer.monitor == "CIDEr"
+    if preset == "coco_aoa":
+        assert len(model.decoder.attention.transform.layers) == 6
+    if preset == "coco_m2":  # 40 memory slots in each of the 3 encoder layers, 3 decoder layers
+        assert [layer.self_attn.slots for layer in model.decoder.attention.encoder] == [40] * 3
+        assert len(model.decoder.layers) == 3 and cfg.scheduler.warmup_steps == 10000
+
+
+@pytest.mark.parametrize("preset", ["coco_att2in_scst", "coco_att2all_scst", "coco_aoa_scst", "coco_m2_scst"])
+def test_the_zoo_scst_presets_fine_tune_their_model(preset):
+    cfg = compose_config(f"experiment={preset}", "encoder.pretrained=false")
+    base = compose_config(f"experiment={preset.removesuffix('_scst')}", "encoder.pretrained=false")
+    assert cfg.objective._target_ == "scst" and cfg.decoder == base.decoder and cfg.optim.lr < base.optim.lr
+    assert cfg.objective.baseline == ("mean" if preset == "coco_m2_scst" else "greedy")

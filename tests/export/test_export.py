@@ -55,7 +55,8 @@ def torch_captions(model: Captioner, images: torch.Tensor, beam: int, max_len: i
     return decoded.tokens, decoded.scores.numpy(), [m.numpy() for m in decoded.alphas], channels
 
 
-def assert_same_captions(runner: Runner, pixels: np.ndarray, model: Captioner, beam: int, max_len: int = 20) -> list:
+def assert_same_captions(runner: Runner, pixels: np.ndarray, model: Captioner, beam: int, max_len: int = 20,
+                         map_atol: float = 1e-5) -> list:
     """Runner and model agree word for word, on log-probabilities (1e-4) and on every word's map (1e-5), and its
     channel weights (1e-5) with channel-wise attention (decoder=adaptive: its sentinel weights)."""
     tokens, scores, maps, channels = torch_captions(model, torch.from_numpy(pixels), beam, max_len)
@@ -63,7 +64,7 @@ def assert_same_captions(runner: Runner, pixels: np.ndarray, model: Captioner, b
     assert [c.tokens for c in got] == tokens
     np.testing.assert_allclose([c.log_prob for c in got], scores, rtol=1e-5, atol=1e-4)
     for c, m in zip(got, maps):
-        np.testing.assert_allclose(c.alphas.reshape(m.shape), m, atol=1e-5)
+        np.testing.assert_allclose(c.alphas.reshape(m.shape), m, atol=map_atol)
     extras = [c.channels if c.sentinel is None else c.sentinel[:, None] for c in got]  # adaptive: its sentinel's
     assert (channels is None) == all(x is None for x in extras)
     for x, w in zip(extras, channels or []):
@@ -159,19 +160,20 @@ def small_config(attention: str, decoder: str) -> dict:
     dec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "decoder" / f"{decoder}.yaml"))
     att = {k: SMALL.get(k, v) for k, v in att.items()}
     dec = {k: v for k, v in dec.items() if k != "defaults"}  # conf/decoder/transformer.yaml picks its attention
-    sizes = {"d_model": 16, "num_heads": 2, "ff_dim": 32} if decoder == "transformer" else {"embed_dim": 16,
-                                                                                           "hidden_dim": 32}
+    transformer = {"d_model": 16, "num_heads": 2, "ff_dim": 32}
+    sizes = transformer if decoder in ("transformer", "m2") else {"embed_dim": 16, "hidden_dim": 32}
     dec = {**dec, **sizes, "dropout": 0.0}
     return {"encoder": TINY_MODEL["encoder"], "attention": att, "decoder": dec}
 
 
 def random_model(cfg: dict, vocab: Vocabulary) -> Captioner:
-    """A random model whose decoder weights are scaled up, so words depend more on the image (fewer ties too)."""
+    """A random model whose decoder weights are scaled up, so words depend more on the image (fewer ties too); not
+    those of a self-attention stack over the regions (M2's encoder), which that would only make saturate."""
     torch.manual_seed(0)
     model = build_captioner(cfg, len(vocab)).eval()
     with torch.no_grad():
         for name, p in model.decoder.named_parameters():
-            if "bias" not in name:
+            if "bias" not in name and not name.startswith("attention.encoder."):
                 p.mul_(3.0)
     return model
 
@@ -207,9 +209,13 @@ def test_every_attention_and_decoder_exports_and_captions_as_torch(attention, de
     runner = Runner(tmp_path)
     state = model.decoder.init_state(torch.zeros(1, 4, model.encoder.out_dim))
     assert runner.manifest.state_count == len(flatten_state(state)[0])
+    # M2's maps mix two encoder layers' cross-attention through its gates, weights x3: ONNX Runtime's float32
+    # rounding moves them by up to 5.1e-5 from torch's (seen; 1.5e-8 with the weights unscaled), every word and
+    # log-probability the same
+    map_atol = 2e-4 if decoder == "m2" else 1e-5
     for beam in (1, 3):
-        assert_same_captions(runner, pixels, model, beam, max_len=12)
-    assert_same_captions(runner, pixels[:5], model, 2, max_len=3)  # captions cut at max_len
+        assert_same_captions(runner, pixels, model, beam, max_len=12, map_atol=map_atol)
+    assert_same_captions(runner, pixels[:5], model, 2, max_len=3, map_atol=map_atol)  # captions cut at max_len
 
 
 VARIANTS = {

@@ -101,12 +101,13 @@ def test_packed_teacher_forcing_is_the_plain_loop(kind, attention, monkeypatch):
         if lengths is not None:
             cut, lengths_t = ragged(captions, lengths)
             real = cut[:, 1:] != 0
+        module = getattr(dec.attention, "inner", dec.attention)  # aoa, adaptive: the attention over their V
         if attention == "hard":  # sampled regions draw alike only when the same rows run
-            dec.attention.sample_this_batch = lengths is None
+            module.sample_this_batch = lengths is None
             mask = None
         if attention == "monotonic":  # its training noise is drawn for the rows that run, which differ
-            dec.attention.sigmoid_noise = 0.0
-        if kind == "transformer" and dropout > 0:
+            module.sigmoid_noise = 0.0
+        if kind in ("transformer", "m2") and dropout > 0:
             dec.eval()  # its parallel and step-by-step paths draw dropout masks in other shapes
         fast_fn = dec if lengths is None else functools.partial(dec, lengths=lengths_t)
         fast, fast_grads = run(dec, fast_fn, a, cut, INDEXES[index], mask)
@@ -168,7 +169,7 @@ def test_beam_one_is_greedy_and_shared_rows_decode_as_copies(kind, attention):
 def test_a_tiny_decoder_overfits_one_batch(kind):
     """Soft attention (the transformer: its multi-head cross-attention; Show and Tell: none, attention=mean), Adam:
     the loss per caption falls from about 9 below 0.1."""
-    attention = {"transformer": "multihead", "fc": "mean"}.get(kind, "soft")
+    attention = {"transformer": "multihead", "m2": "multihead", "fc": "mean"}.get(kind, "soft")
     dec = build(kind, attention, hidden_dim=32, embed_dim=16, d_model=16)
     dec.train()
     a, mask, captions = data(B=6, k=1, dtype=torch.float32)  # one caption per image: each can be told apart

@@ -1,4 +1,4 @@
-"""The zoo's LSTM decoders (Show and Tell, Att2in/Att2all, adaptive attention): each model's defining property, by
+"""The zoo's LSTM decoders (Show and Tell, Att2in/Att2all, adaptive attention, AoA): each model's defining property, by
 hand where the paper gives a formula. What every decoder must hold (shapes, gradients, packed teacher forcing equals
 the plain loop, beam 1 is greedy, a tiny model overfits, export) is tests/models/test_decoders.py's and
 tests/export/test_export.py's, which take these decoders from the registry."""
@@ -45,6 +45,7 @@ def test_the_decoders_without_a_default_attention_select_the_one_they_take():
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         assert compose("train", overrides=["decoder=fc"]).attention._target_ == "mean"
         assert compose("train", overrides=["decoder=adaptive"]).attention._target_ == "soft"
+        assert compose("train", overrides=["decoder=aoa"]).attention._target_ == "multihead"  # the paper's f_att
 
 
 @pytest.mark.parametrize(("kind", "into_gates"), [("att2in", False), ("att2all", True)])
@@ -143,3 +144,99 @@ def test_adaptive_attention_takes_soft_attention_only():
     with pytest.raises(ValueError, match=r"decoder=adaptive .* takes attention=soft, not attention=dot$"):
         build("adaptive", "dot")
     assert type(build("adaptive", "soft").attention.inner) is SoftAttention
+
+
+def test_aoa_with_its_gate_open_is_the_attention_plus_the_information_term():
+    dec = build("aoa", "multihead").double().eval()
+    a, mask, captions = data(B=2, k=1)
+    n, g = dec.hidden_dim, torch.Generator().manual_seed(8)
+    h, c, ctx = (torch.randn(2, n, generator=g).double() for _ in range(3))
+    with torch.no_grad():
+        dec.aoa.W_g.weight.zero_()
+        dec.aoa.W_g.bias.fill_(1e4)  # sigmoid(1e4) = 1 in float64: the gate forced open
+        keys = dec.attention.prepare(a, GRID, mask)
+        logits, (h_t, c_t, ctx_t, _), att = dec.step(captions[:, 1], (h, c, ctx, mask.double()), a, keys, mask)
+        refined, inner_keys = dec.attention.split(keys)
+        mean = (refined * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+        h_hand, c_hand = dec.lstm(torch.cat([dec.embed(captions[:, 1]), mean + ctx], 1), (h, c))
+        f = dec.attention.inner(refined, inner_keys, h_hand, mask).context  # plain multi-head attention
+        info = dec.aoa.W_i(torch.cat([f, h_hand], 1))
+    torch.testing.assert_close(h_t, h_hand, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ctx_t, info, atol=1e-12, rtol=0)
+    torch.testing.assert_close(logits, dec.W_p(info), atol=1e-12, rtol=0)
+    assert not att.alpha[~mask].any()
+
+
+def test_aoa_is_the_gate_times_the_information_vector_and_its_refiner_ignores_padding():
+    dec = build("aoa", "multihead").double().eval()
+    g = torch.Generator().manual_seed(9)
+    f, q = torch.randn(4, dec.hidden_dim, generator=g).double(), torch.randn(4, dec.hidden_dim, generator=g).double()
+    x = torch.cat([f, q], 1)
+    want = torch.sigmoid(x @ dec.aoa.W_g.weight.T + dec.aoa.W_g.bias) * (x @ dec.aoa.W_i.weight.T + dec.aoa.W_i.bias)
+    torch.testing.assert_close(dec.aoa(f, q), want, atol=1e-12, rtol=0)
+    a, mask, _ = data(B=3)
+    other = a.clone()
+    other[~mask] = 5.0  # what lies in the padded regions
+    with torch.no_grad():
+        refined = dec.attention.split(dec.attention.prepare(a, GRID, mask))[0]
+        moved = dec.attention.split(dec.attention.prepare(other, GRID, mask))[0]
+    torch.testing.assert_close(refined[mask], moved[mask], atol=1e-12, rtol=0)
+
+
+M2_SIZES = {"d_model": 8, "num_layers": 2, "num_heads": 2, "ff_dim": 12, "encoder_layers": 2}
+
+
+def test_m2_without_memory_slots_or_mesh_is_the_transformer_weight_for_weight():
+    transformer = build("transformer", "multihead", **M2_SIZES).double().eval()
+    m2 = build("m2", "multihead", memory_slots=0, mesh=False, **M2_SIZES).double().eval()
+    m2.load_state_dict(transformer.state_dict())  # strict: the same parameters
+    a, mask, captions = data(B=3)
+    index = torch.arange(3).repeat_interleave(2)
+    with torch.no_grad():
+        want, got = transformer(a, captions, index, mask, GRID), m2(a, captions, index, mask, GRID)
+        decoded = [beam_search(dec, a, 3, 8, mask=mask, grid=GRID) for dec in (transformer, m2)]
+    torch.testing.assert_close(got.logits, want.logits, atol=0, rtol=0)
+    torch.testing.assert_close(got.alphas, want.alphas, atol=0, rtol=0)
+    assert decoded[0].tokens == decoded[1].tokens
+    # and the full M2 is another model: slots and gates change the logits
+    full = build("m2", "multihead", memory_slots=3, **M2_SIZES).double().eval()
+    assert set(full.state_dict()) > set(transformer.state_dict())
+    assert any(k.endswith("m_k") for k in full.state_dict()) and any("mesh_gates" in k for k in full.state_dict())
+
+
+def test_m2_padded_regions_get_no_weight_and_the_slots_get_some():
+    m2 = build("m2", "multihead", memory_slots=3, **M2_SIZES).double()
+    a, mask, captions = data(B=3)
+    other = a.clone()
+    other[~mask] = 7.0  # what lies in the padded regions
+    index = torch.arange(3).repeat_interleave(2)
+    m2.train()  # dropout 0 (the family's build): training only records the slots' share
+    with torch.no_grad():
+        out = m2(a, captions, index, mask, GRID)
+        share = m2.stats()["memory_share"]
+        moved = m2(other, captions, index, mask, GRID)
+        layer = m2.attention.encoder[0].self_attn
+        x = m2.attention.embed(a)
+        q, k, _ = layer._split(x)
+        weights = layer.weights(q, k, mask)  # (B, H, L, L + m)
+    torch.testing.assert_close(moved.logits, out.logits, atol=1e-12, rtol=0)
+    assert not out.alphas[(~mask)[index].unsqueeze(1).expand_as(out.alphas)].any()
+    assert not weights[..., : a.shape[1]][(~mask)[:, None, None, :].expand(-1, 2, a.shape[1], -1)].any()
+    assert 0 < share < 1 and torch.allclose(weights.sum(-1), torch.ones((), dtype=a.dtype))
+
+
+def test_m2_mesh_is_the_gated_sum_over_encoder_layers_by_hand():
+    m2 = build("m2", "multihead", memory_slots=3, **M2_SIZES).double().eval()
+    a, mask, _ = data(B=2, k=1)
+    keys = m2.attention.prepare(a, GRID, mask)
+    parts = m2.attention.split(keys)
+    q = torch.randn(2, 8, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    with torch.no_grad():
+        got = m2._attend(1, parts, mask)(q)
+        cross, width = m2.attention.layer(1), 1 + len(m2.layers)
+        outs = [cross(parts[j * width], parts[j * width + 2], q, mask, None) for j in range(2)]
+        gates = [torch.sigmoid(m2.mesh_gates[1][j](torch.cat([q, o.context], 1))) for j, o in enumerate(outs)]
+    want = (gates[0] * outs[0].context + gates[1] * outs[1].context) / 2 ** 0.5
+    torch.testing.assert_close(got.context, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got.alpha.sum(1), torch.ones(2, dtype=a.dtype), atol=1e-12, rtol=0)
+    assert m2.attention.levels == 2 and len(parts) == 2 * width

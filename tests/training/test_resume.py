@@ -119,7 +119,13 @@ ATTENTION = {"soft": ["attention=soft"],
              "transformer": ["decoder=transformer", "decoder.dropout=0.3", "decoder.encoder_layers=1",
                              "scheduler=warmup", "scheduler.warmup_steps=5"],
              # monotonic attention's training noise from its own seeded generator (its draw count is checkpointed)
-             "monotonic": ["attention=monotonic", "attention.sigmoid_noise_seed=3", "decoder.dropout=0.3"]}
+             "monotonic": ["attention=monotonic", "attention.sigmoid_noise_seed=3", "decoder.dropout=0.3"],
+             # the zoo's: Att2in's maxout cell, the sentinel, AoA's refiner (dropout too), M2's slots and mesh
+             "att2in": ["decoder=att2in", "attention=soft", "decoder.dropout=0.3"],
+             "adaptive": ["decoder=adaptive", "decoder.dropout=0.3"],
+             "aoa": ["decoder=aoa", "decoder.dropout=0.3"],
+             "m2": ["decoder=m2", "decoder.dropout=0.3", "decoder.encoder_layers=1", "scheduler=warmup",
+                    "scheduler.warmup_steps=5"]}
 
 
 def same(a: Any, b: Any, where: str = "") -> list[str]:
@@ -187,7 +193,8 @@ def resume_and_compare(out: Path, overrides: list[str], ref: Path) -> None:
     assert_identical(out, ref)
 
 
-@pytest.mark.parametrize("attention", ["soft", "hard", "updown", "transformer", "monotonic"])
+@pytest.mark.parametrize("attention", ["soft", "hard", "updown", "transformer", "monotonic", "att2in", "adaptive",
+                                       "aoa", "m2"])
 def test_stop_at_an_epoch_end_then_resume_is_bit_identical(data_root, reference, tmp_path, attention):
     ref = reference(attention)
     overrides = tiny(data_root, *ATTENTION[attention])

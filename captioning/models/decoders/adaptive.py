@@ -38,7 +38,7 @@ AdaptiveState = tuple[torch.Tensor, torch.Tensor]  # h, m (N, n) each
 
 
 class SentinelAttention(TransformedAttention):
-    """The spatial attention over V = ReLU(W_a a) (`prepare` gives [V; keys of V] per image), whose step also
+    """The spatial attention over V = ReLU(W_a a) (`prepare` gives [keys of V; V] per image), whose step also
     returns z_t's logsumexp (N, 1) as `channels` (the decoder turns it into beta_t)."""
 
     inner: SoftAttention

@@ -47,6 +47,11 @@ class Decoder(nn.Module):
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any:
         raise NotImplementedError
 
+    def stats(self) -> dict[str, float]:
+        """What the last training batch showed of the model that the training log keeps per step (M2: the share of
+        attention on its memory slots); most decoders have nothing."""
+        return {}
+
     def step(self, words: torch.Tensor, state: Any, a: torch.Tensor, keys: torch.Tensor,
              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any, Any]:
         """One decoding step from the previous words (N,): logits (N, V), the new state, its AttentionOutput."""

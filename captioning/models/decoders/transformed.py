@@ -2,8 +2,8 @@
 
 Lu et al.'s adaptive attention attends over V = ReLU(W_a a); AoA over the refined A' = Refiner(ReLU(W_a a)). Both
 are per-image work, so it belongs in the attention's `prepare` (run once per image, before the k rows per image
-are spread): `TransformedAttention.prepare(a)` computes V = transform(a, mask) and returns [V; keys of V]
-(B, L, n + A), and its step is the inner attention (any of conf/attention/, built on V) over V. The decoder reads V
+are spread): `TransformedAttention.prepare(a)` computes V = transform(a, mask) and returns [keys of V; V]
+(B, L, A + n), and its step is the inner attention (any of conf/attention/, built on V) over V. The decoder reads V
 back with `split(keys)`. Everything else (the previous-alpha carry, hard attention's coin, masks) is the inner module's.
 """
 
@@ -36,15 +36,25 @@ class TransformedAttention(Attention):
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[keys of V; V] (B, ..., A + width): V laid out as the inner keys are, one region per leading position
+        (the grid-shaped keys of location, monotonic and multilevel attention, (B, h, w, A), as (B, L, A) ones)."""
         v = self.transform(a, mask)  # (B, L, width)
-        return torch.cat([v, self.inner.prepare(v, grid, mask)], dim=-1)  # (B, L, width + A)
+        keys = self.inner.prepare(v, grid, mask)  # (B, L, A) or (B, h, w, A)
+        if keys.shape[1:-1].numel() != v.shape[1]:
+            raise ValueError(f"{type(self.inner).__name__}'s keys {tuple(keys.shape)} do not hold one row per region "
+                             f"of the {v.shape[1]}")
+        return torch.cat([keys, v.reshape(*keys.shape[:-1], self.width)], dim=-1)
 
     def split(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """V (B, L, width) and the inner attention's keys of what `prepare` gave."""
-        return keys[..., : self.width], keys[..., self.width:]
+        return keys[..., -self.width:].reshape(keys.shape[0], -1, self.width), keys[..., : -self.width]
 
     def begin_batch(self) -> None:
         self.inner.begin_batch()
+
+    @property
+    def core(self) -> Attention:
+        return self.inner.core
 
     def reads_previous_because(self) -> str:
         return self.inner.reads_previous_because()

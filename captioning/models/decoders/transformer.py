@@ -44,6 +44,23 @@ from captioning.models.rows import images_and_rows, plain_rows
 TransformerState = tuple[Cache, ...]  # per decoder layer: its self-attention keys and values (N, H, t, d_k) each
 
 
+def meshed(outs: list[AttentionOutput], q: torch.Tensor, gates: nn.ModuleList) -> AttentionOutput:
+    """M2's meshed cross-attention (Cornia et al. 2020, eq. 8-9): sum_j g_j * C_j / sqrt(N) with the gates
+    g_j = sigmoid(W_j [Y; C_j] + b_j), for the N encoder layers' cross-attention results C_j (rows, d) and queries Y
+    (rows, d) (the division by sqrt(N) as the authors' code). The map figures read: each layer's map weighted by
+    its gate's mean, normalised (a distribution over the regions, as every map)."""
+    g = [torch.sigmoid(gate(torch.cat([q, o.context.to(q.dtype)], dim=-1))) for gate, o in zip(gates, outs)]
+    context = torch.stack([gj * o.context for gj, o in zip(g, outs)]).sum(0) / math.sqrt(len(outs))  # (rows, d)
+    share = torch.stack([gj.mean(-1) for gj in g], dim=-1)  # (rows, N)
+    share = share / share.sum(-1, keepdim=True)
+    alpha = torch.stack([o.alpha for o in outs], dim=-1) @ share.unsqueeze(-1).to(outs[0].alpha.dtype)  # (rows, L, 1)
+    heads = None
+    if all(o.heads is not None for o in outs):
+        stacked = torch.stack([o.heads for o in outs if o.heads is not None], dim=-1)  # (rows, H, L, N)
+        heads = (stacked * share[:, None, None, :].to(stacked.dtype)).sum(-1)
+    return AttentionOutput(context, alpha.squeeze(-1), heads=heads)
+
+
 class TransformerDecoder(Decoder):
     """N Transformer decoder layers over the words so far and the image's annotation vectors a (B, L, D)."""
 
@@ -53,13 +70,14 @@ class TransformerDecoder(Decoder):
                  encoder_layers: Count = 0, dropout: DropoutRate = 0.1,
                  positions: Literal["sinusoidal", "learned"] = "sinusoidal", max_positions: Size = 64,
                  tie_embeddings: bool = False, map_layer: int = -1, map_head: int | None = None,
-                 region_positions: RegionPositions = "none", max_grid_side: Size = 32):
+                 region_positions: RegionPositions = "none", max_grid_side: Size = 32, memory_slots: Count = 0,
+                 mesh: bool = False):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"decoder.d_model ({d_model}) must be a multiple of decoder.num_heads ({num_heads})")
         self.vocab_size, self.d_model, self.num_heads = vocab_size, d_model, num_heads
         self.attention = AnnotationMemory(annotation_dim, d_model, attention, num_layers, encoder_layers, num_heads,
-                                          ff_dim, dropout, region_positions, max_grid_side)
+                                          ff_dim, dropout, region_positions, max_grid_side, memory_slots, mesh)
         self.embed = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(max_positions, d_model) if positions == "learned" else None
         self.max_positions = max_positions if positions == "learned" else None
@@ -67,6 +85,11 @@ class TransformerDecoder(Decoder):
         self.norm = nn.LayerNorm(d_model)
         self.out = nn.Linear(d_model, vocab_size)
         self.dropout = nn.Dropout(dropout)
+        # M2's meshed cross-attention: per decoder layer, a gate sigmoid(W [Y; C_j] + b) for each encoder layer j's
+        # memory (created last, so that without the mesh every other weight draws what it drew before)
+        self.mesh_gates = nn.ModuleList(nn.ModuleList(nn.Linear(2 * d_model, d_model)
+                                                      for _ in range(self.attention.levels))
+                                        for _ in range(num_layers)) if mesh else None
         for p in self.parameters():  # the Annotated Transformer's (and ruotianluo's) initialisation
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
@@ -109,11 +132,17 @@ class TransformerDecoder(Decoder):
         pe = sinusoid(pos, self.d_model) if self.positions is None else self.positions(pos)  # (T, d)
         return self.dropout(self.embed(words) * math.sqrt(self.d_model) + pe.to(self.embed.weight.dtype))
 
-    def _attend(self, i: int, memory: torch.Tensor, layer_keys: list[torch.Tensor],
+    def _attend(self, i: int, parts: list[torch.Tensor],
                 mask: torch.Tensor | None) -> Callable[[torch.Tensor], AttentionOutput]:
-        """Layer i's cross-attention as a function of its queries (rows, d), k rows per image of memory (B, L, d)."""
-        cross = self.attention.layer(i)
-        return lambda q: cross(memory, layer_keys[i], q, mask, None)
+        """Layer i's cross-attention as a function of its queries (rows, d), k rows per image of the memory
+        (B, L, d); `parts` is `self.attention.split(keys)`: the memory, then each layer's keys of it."""
+        cross, memory = self.attention.layer(i), parts[0]
+        if self.mesh_gates is None:
+            return lambda q: cross(memory, parts[1 + i], q, mask, None)
+        width = 1 + len(self.layers)  # each encoder layer's memory, then each decoder layer's keys of it
+        levels = [(parts[j * width], parts[j * width + 1 + i]) for j in range(self.attention.levels)]
+        gates = cast(nn.ModuleList, self.mesh_gates[i])
+        return lambda q: meshed([cross(m, k, q, mask, None) for m, k in levels], q, gates)
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> TransformerState:
         """Empty caches: (N, H, 0, d_k) keys and values per layer."""
@@ -123,11 +152,11 @@ class TransformerDecoder(Decoder):
     def step(self, words: torch.Tensor, state: TransformerState, a: torch.Tensor, keys: torch.Tensor,
              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, TransformerState, AttentionOutput]:
         """One position from the previous words (N,): logits (N, V), the caches with it added, the selected map."""
-        memory, *layer_keys = self.attention.split(keys)  # (B, L, d), per layer (B, L, A_i)
+        parts = self.attention.split(keys)  # the memory (B, L, d), per layer its keys (B, L, A_i)
         x = self._inputs(words.unsqueeze(1), state[0][0].shape[2]).squeeze(1)  # (N, d) at position t
         caches, chosen = [], None
         for i, layer in enumerate(self.layers):
-            x, cache, att = cast(DecoderLayer, layer).step(x, state[i], self._attend(i, memory, layer_keys, mask))
+            x, cache, att = cast(DecoderLayer, layer).step(x, state[i], self._attend(i, parts, mask))
             caches.append(cache)
             if i == self.map_layer:
                 chosen = att
@@ -149,11 +178,11 @@ class TransformerDecoder(Decoder):
         if lengths is not None:
             words = words[:, : int(lengths.max())]  # positions after every caption's end are never read
         N, T = words.shape
-        memory, *layer_keys = self.attention.split(keys)
+        parts = self.attention.split(keys)
         x = self._inputs(words, 0)  # (N, T, d)
         chosen = None
         for i, layer in enumerate(self.layers):
-            x, att = layer(x, self._attend(i, memory, layer_keys, mask))  # N T rows: k T per image
+            x, att = layer(x, self._attend(i, parts, mask))  # N T rows: k T per image
             if i == self.map_layer:
                 chosen = att
         assert chosen is not None

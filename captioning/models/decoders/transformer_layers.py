@@ -78,6 +78,49 @@ class SelfAttention(nn.Module):
         return self._merge(F.scaled_dot_product_attention(q, k, v, dropout_p=p)).squeeze(1), (k, v)
 
 
+class MemorySelfAttention(SelfAttention):
+    """M2's memory-augmented self-attention (Cornia et al. 2020): keys [W_k X; M_k] and values [W_v X; M_v] with
+    `slots` learnable memory rows M_k, M_v (each head its part), which every region may attend to. As the authors'
+    code: M_k scaled by sqrt(d_k) and M_v by sqrt(m), drawn from N(0, 1/d_k) and N(0, 1/m)."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float, slots: int):
+        super().__init__(d_model, num_heads, dropout)
+        self.slots, self.d_k = slots, d_model // num_heads
+        self.m_k = nn.Parameter(torch.randn(slots, d_model) / math.sqrt(self.d_k))
+        self.m_v = nn.Parameter(torch.randn(slots, d_model) / math.sqrt(slots))
+        self.share: torch.Tensor | None = None  # the last training batch's mean weight on the slots (`Decoder.stats`)
+
+    def _memory(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """M_k, M_v (n, H, m, d_k) for n sequences."""
+        def heads(x: torch.Tensor) -> torch.Tensor:
+            return x.view(1, self.slots, self.num_heads, self.d_k).transpose(1, 2).expand(n, -1, -1, -1)
+        return heads(math.sqrt(self.d_k) * self.m_k), heads(math.sqrt(self.slots) * self.m_v)
+
+    def weights(self, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention weights (N, H, T, T + m) of queries q (N, H, T, d_k) over the keys k (N, H, T, d_k) of the
+        regions, then the memory slots."""
+        m_k, _ = self._memory(q.shape[0])
+        scores = q @ torch.cat([k, m_k.to(k.dtype)], dim=2).transpose(-1, -2) / math.sqrt(self.d_k)
+        if key_mask is not None:
+            keep = F.pad(key_mask, (0, self.slots), value=True)[:, None, None, :]  # (N, 1, 1, T + m)
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.softmax(scores, dim=-1)
+
+    def forward(self, x: torch.Tensor, causal: bool = False, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (N, T, d) over its T positions (key_mask (N, T): false at padded ones) and the m memory slots."""
+        q, k, v = self._split(x)
+        if self.training:  # the weight on the memory slots, per real query, for the training log (no gradient)
+            with torch.no_grad():
+                on_memory = self.weights(q, k, key_mask)[..., k.shape[2]:].sum(-1).mean(1)  # (N, T)
+                real = torch.ones_like(on_memory, dtype=torch.bool) if key_mask is None else key_mask
+                self.share = on_memory[real].mean()
+        m_k, m_v = self._memory(x.shape[0])
+        k, v = torch.cat([k, m_k.to(k.dtype)], dim=2), torch.cat([v, m_v.to(v.dtype)], dim=2)  # (N, H, T + m, d_k)
+        mask = None if key_mask is None else F.pad(key_mask, (0, self.slots), value=True)[:, None, None, :]
+        p = self.dropout if self.training else 0.0
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p))
+
+
 class FeedForward(nn.Module):
     """W_2 dropout(ReLU(W_1 x + b_1)) + b_2."""
 
@@ -92,9 +135,11 @@ class FeedForward(nn.Module):
 class EncoderLayer(nn.Module):
     """x + SelfAttention(LN(x)), then x + FeedForward(LN(x)), over the L regions of each image."""
 
-    def __init__(self, d_model: int, num_heads: int, ff_dim: int, dropout: float):
+    def __init__(self, d_model: int, num_heads: int, ff_dim: int, dropout: float, memory_slots: int = 0):
         super().__init__()
-        self.self_attn, self.ff = SelfAttention(d_model, num_heads, dropout), FeedForward(d_model, ff_dim, dropout)
+        self.self_attn = (SelfAttention(d_model, num_heads, dropout) if memory_slots == 0
+                          else MemorySelfAttention(d_model, num_heads, dropout, memory_slots))
+        self.ff = FeedForward(d_model, ff_dim, dropout)
         self.norm1, self.norm2, self.dropout = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -172,14 +217,17 @@ class AnnotationMemory(nn.Module):
 
     def __init__(self, annotation_dim: int, d_model: int, attention: Callable[..., Attention], num_layers: int,
                  encoder_layers: int, num_heads: int, ff_dim: int, dropout: float,
-                 region_positions: RegionPositions = "none", max_grid_side: int = 32):
+                 region_positions: RegionPositions = "none", max_grid_side: int = 32, memory_slots: int = 0,
+                 mesh: bool = False):
         super().__init__()
+        self.levels = encoder_layers if mesh and encoder_layers else 1  # memories kept: M2's mesh keeps each layer's
         self.d_model, self.region_positions, self.max_grid_side = d_model, region_positions, max_grid_side
         self.embed = nn.Sequential(nn.Linear(annotation_dim, d_model), nn.ReLU(), nn.Dropout(dropout))
         if region_positions == "learned":
             self.row_embed = nn.Embedding(max_grid_side, d_model - d_model // 2)
             self.col_embed = nn.Embedding(max_grid_side, d_model // 2)
-        self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, ff_dim, dropout) for _ in range(encoder_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, ff_dim, dropout, memory_slots)
+                                     for _ in range(encoder_layers))
         self.norm = nn.LayerNorm(d_model) if encoder_layers else None
         cross = [attention(annotation_dim=d_model, hidden_dim=d_model) for _ in range(num_layers)]
         with torch.no_grad():  # each layer's keys for a probe: their layout and width (no random numbers drawn)
@@ -195,16 +243,20 @@ class AnnotationMemory(nn.Module):
 
     def prepare(self, a: torch.Tensor, grid: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """keys (B, L, d + sum_i A_i) for annotations a (B, L, D): the memory, then each layer's keys of it."""
+        """keys (B, L, d + sum_i A_i) for annotations a (B, L, D): the memory, then each layer's keys of it (with the
+        mesh, that for each encoder layer's output, each through the stack's final LayerNorm: `levels` times)."""
         m = self.embed[1](self.embed[0](a))  # (B, L, d)
         if self.region_positions != "none":
             m = m + self.positions(a.shape[1], grid).to(m.dtype)
         m = self.embed[2](m)  # dropout
+        outputs = []
         for layer in self.encoder:
             m = layer(m, mask)
-        if self.norm is not None:
-            m = self.norm(m)
-        return torch.cat([m, *(self.layer(i).prepare(m, grid, mask) for i in range(len(self.cross)))], dim=-1)
+            outputs.append(m)
+        memories = outputs[-self.levels:] if outputs else [m]
+        memories = [self.norm(x) for x in memories] if self.norm is not None else memories
+        return torch.cat([part for x in memories for part in
+                          (x, *(self.layer(i).prepare(x, grid, mask) for i in range(len(self.cross))))], dim=-1)
 
     def positions(self, num_regions: int, grid: tuple[int, int] | None) -> torch.Tensor:
         """P (L, d): the row part then the column part of each region's position on the grid (see the class)."""
@@ -227,5 +279,6 @@ class AnnotationMemory(nn.Module):
         return module
 
     def split(self, keys: torch.Tensor) -> list[torch.Tensor]:
-        """The memory (B, L, d) and each layer's keys (B, L, A_i) of `prepare`'s output."""
-        return list(keys.split(self.widths, dim=-1))
+        """The memory (B, L, d) and each layer's keys (B, L, A_i) of `prepare`'s output (with the mesh: those of each
+        encoder layer's memory in turn, `levels` times)."""
+        return list(keys.split(self.widths * self.levels, dim=-1))

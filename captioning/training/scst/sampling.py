@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from captioning.data.vocab import Vocabulary
-from captioning.models.attention import HardAttention
+from captioning.models.attention import HardAttention, core_of
 from captioning.models.decoding import compact_due, special_ids, word_log_probs
 from captioning.models.fused.dtypes import autocast_input
 from captioning.models.rows import live_rows, map_state, repeat_rows, select_rows
@@ -74,7 +74,7 @@ def sample_captions(decoder: Any, a: torch.Tensor, grid: tuple[int, int] | None,
     shares = getattr(decoder, "rows_share_images", False)
     if not shares:  # else the step reads n rows per image of a and keys
         a, keys, mask = repeat_rows((a, keys, mask), n)  # (B n, L, D), (B n, L, A), (B n, L)
-    compacts = not isinstance(decoder.attention, HardAttention)  # its region draws happen inside the step
+    compacts = not isinstance(core_of(decoder.attention), HardAttention)  # its region draws happen inside the step
     words = torch.full((N,), Vocabulary.start_id, dtype=torch.long, device=a.device)
     finished = torch.zeros(N, dtype=torch.bool, device=a.device)
     live: torch.Tensor | None = None  # the row (of N) of each running row; None: all, in order
