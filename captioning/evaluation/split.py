@@ -26,7 +26,7 @@ from captioning.data.dataset import CaptionDataset, collate
 from captioning.evaluation.outputs import write_outputs
 from captioning.metrics import attention_correctness, caption_diversity, score_captions
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
-from captioning.models.captioner import Captioner, selects_regions
+from captioning.models.captioner import Captioner, reports_sentinel, selects_regions
 from captioning.reporting.items import Prediction
 from captioning.runtime import CONF_DIR
 
@@ -86,7 +86,7 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
     model.eval()
     device = next(model.parameters()).device
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
-    sentinel = getattr(model.decoder, "extra_weights", "channels") == "sentinel"  # decoder=adaptive: keep beta_t
+    sentinel = reports_sentinel(model)  # decoder=adaptive: keep beta_t
     preds: list[Prediction] = []
     skipped: list[str] = []
     for batch in tqdm(loader, desc=f"decode (beam {beam_size})", disable=not progress, leave=False):

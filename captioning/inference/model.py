@@ -30,7 +30,7 @@ from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
 from captioning.factory.load import load_model
-from captioning.models.captioner import Captioner, select_attention_map, selects_regions
+from captioning.models.captioner import Captioner, reports_sentinel, select_attention_map, selects_regions
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
 from captioning.runtime import resolve_device
 
@@ -92,7 +92,7 @@ class CaptionModel:
         self.transform = model.encoder.transform()
         self.config: dict[str, Any] = checkpoint.get("config", {})
         self.marks_regions = selects_regions(model)
-        self.sentinel = getattr(model.decoder, "extra_weights", "channels") == "sentinel"  # decoder=adaptive
+        self.sentinel = reports_sentinel(model)  # decoder=adaptive
 
     def select_attention_map(self, layer: int | None = None, head: int | None = None) -> None:
         """decoder=transformer: caption with the map of cross-attention layer `layer` (-1: the last) and head

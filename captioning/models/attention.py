@@ -57,6 +57,11 @@ class AttentionOutput:
         return self.alpha if self.carry is None else self.carry
 
 
+def attention_name(module: object) -> str:
+    """The conf/attention/ name of an attention module's class, for messages (SoftAttention -> soft)."""
+    return type(module).__name__.removesuffix("Attention").lower()
+
+
 def core_of(module: object) -> object:
     """A decoder's attention module's own type (`Attention.core`), or the module itself when it is not one of the
     attention group's (the Transformer's AnnotationMemory)."""

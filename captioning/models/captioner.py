@@ -117,6 +117,12 @@ def selects_regions(model: Captioner) -> bool:
     return isinstance(core_of(model.decoder.attention), HardAttention)
 
 
+def reports_sentinel(model: Captioner) -> bool:
+    """Whether decoding's extra per-word weights (`Decoded.channels`) are the visual sentinel's beta_t
+    (decoder=adaptive), reported as `sentinel`, rather than channel or representation weights."""
+    return getattr(model.decoder, "extra_weights", "channels") == "sentinel"
+
+
 def select_attention_map(model: Captioner, layer: int | None = None, head: int | None = None) -> None:
     """Which cross-attention map decoding returns as each word's alpha (figures, reports, attention correctness):
     layer `layer` (-1: the last), head `head` (None: the mean over heads). None for both keeps the decoder's own

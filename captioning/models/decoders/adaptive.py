@@ -27,9 +27,15 @@ import torch
 from torch import nn
 
 from captioning.base.constraints import DropoutRate, Size, constrained
-from captioning.models.attention import Attention, AttentionOutput, SoftAttention, additive_scores, weighted
+from captioning.models.attention import (
+    Attention,
+    AttentionOutput,
+    SoftAttention,
+    additive_scores,
+    attention_name,
+    weighted,
+)
 from captioning.models.decoders.base import mean_annotation
-from captioning.models.decoders.fc import attention_name
 from captioning.models.decoders.recurrent import RecurrentDecoder
 from captioning.models.decoders.transformed import Projection, TransformedAttention
 from captioning.models.decoders.unroll import Spread, Step, StepIO

@@ -28,7 +28,7 @@ from captioning.models.decoders.base import mean_annotation
 from captioning.models.decoders.recurrent import RecurrentDecoder
 from captioning.models.decoders.transformed import Projection, TransformedAttention
 from captioning.models.decoders.transformer_layers import SelfAttention
-from captioning.models.decoders.unroll import Spread, Step, StepIO
+from captioning.models.decoders.unroll import Step, StepIO
 from captioning.models.rows import repeat_rows, rows_per_image
 
 AoAState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # h, c, ctx (N, n), previous alpha (N, L)
@@ -101,11 +101,6 @@ class AoADecoder(RecurrentDecoder):
         """Zero h_0, c_0 and ctx_0; the previous alpha uniform over the real regions."""
         zeros = a.new_zeros(a.shape[0], self.hidden_dim)  # (N, n)
         return zeros, zeros.clone(), zeros.clone(), self.attention.initial_carry(mean_annotation(a, mask)[1])
-
-    def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
-        """The LSTM's input starts with E y_{t-1} (the refined mean is in `recur`: A' is the attention's work)."""
-        return {self.lstm: emb}
 
     def recur(self, io: StepIO, state: AoAState, a: torch.Tensor, keys: torch.Tensor,
               mask: torch.Tensor | None) -> Step:

@@ -19,18 +19,13 @@ import torch
 from torch import nn
 
 from captioning.base.constraints import DropoutRate, Size, constrained
-from captioning.models.attention import Attention
+from captioning.models.attention import Attention, attention_name
 from captioning.models.attention_family import MeanAttention
 from captioning.models.decoders.base import mean_annotation
 from captioning.models.decoders.recurrent import RecurrentDecoder
-from captioning.models.decoders.unroll import Spread, Step, StepIO
+from captioning.models.decoders.unroll import Step, StepIO
 
 FCState = tuple[torch.Tensor, torch.Tensor]  # h, c (N, n) each
-
-
-def attention_name(module: nn.Module) -> str:
-    """The conf/attention/ name of an attention module's class, for messages (SoftAttention -> soft)."""
-    return type(module).__name__.removesuffix("Attention").lower()
 
 
 class ShowTellDecoder(RecurrentDecoder):
@@ -58,11 +53,6 @@ class ShowTellDecoder(RecurrentDecoder):
         zeros = a.new_zeros(a.shape[0], self.hidden_dim)  # (N, n)
         h, c = self.lstm(self.W_I(mean), (zeros, zeros))
         return h, c
-
-    def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
-        """The LSTM's input is E y_{t-1}, nothing else."""
-        return {self.lstm: emb}
 
     def recur(self, io: StepIO, state: FCState, a: torch.Tensor, keys: torch.Tensor,
               mask: torch.Tensor | None) -> Step:

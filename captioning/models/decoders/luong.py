@@ -28,7 +28,7 @@ from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention
 from captioning.models.decoders.base import annotation_state, mlp
 from captioning.models.decoders.recurrent import RecurrentDecoder
-from captioning.models.decoders.unroll import Spread, Step, StepIO
+from captioning.models.decoders.unroll import Step, StepIO
 
 # h (N, n), c (N, n), attentional state h~ (N, n), previous alpha (N, L): batch first, so beams reorder each
 LuongState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -56,11 +56,6 @@ class LuongDecoder(RecurrentDecoder):
         """h_0, c_0 from the mean annotation (or zeros), h~_0 = 0, and a uniform previous alpha over valid regions."""
         h, c, alpha0 = annotation_state(a, mask, self.init_h, self.init_c, self.hidden_dim)
         return h, c, torch.zeros_like(h), self.attention.initial_carry(alpha0)
-
-    def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
-        """The LSTM's input starts with E y_{t-1}."""
-        return {self.lstm: emb}
 
     def recur(self, io: StepIO, state: LuongState, a: torch.Tensor, keys: torch.Tensor,
               mask: torch.Tensor | None) -> Step:

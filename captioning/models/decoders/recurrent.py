@@ -31,6 +31,7 @@ class RecurrentDecoder(Decoder):
     """An LSTM decoder over annotation vectors a (B, L, D) whose recurrence is written once (see the module)."""
 
     embed: nn.Embedding
+    lstm: nn.LSTMCell  # the decoders with one cell (the default `fixed_inputs` feeds it E y_{t-1})
 
     def init_rows(self, a: torch.Tensor, mask: torch.Tensor | None, k: int) -> Any:
         """`init_state` for k rows per image of a (B, L, D): computed once per image and repeated (N = B k rows)."""
@@ -41,8 +42,9 @@ class RecurrentDecoder(Decoder):
         """Each LSTM cell's input part that does not depend on the recurrence, for the rows of emb (P, m), the
         embedded previous words (`spread` maps a per-image tensor of a's images onto those rows); `recur` passes
         the rest of each cell's input to `io.lstm`. A key that is not an LSTM cell is a layer `recur` reads as
-        `io.project(layer)`: the layer on its fixed input, computed for every step at once in teacher forcing."""
-        raise NotImplementedError
+        `io.project(layer)`: the layer on its fixed input, computed for every step at once in teacher forcing.
+        The default: one LSTM cell, `self.lstm`, whose input starts with E y_{t-1}."""
+        return {self.lstm: emb}
 
     def recur(self, io: StepIO, state: Any, a: torch.Tensor, keys: torch.Tensor,
               mask: torch.Tensor | None) -> Step:

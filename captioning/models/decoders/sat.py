@@ -25,7 +25,7 @@ from captioning.base.constraints import DropoutRate, Size, constrained
 from captioning.models.attention import Attention, AttentionOutput
 from captioning.models.decoders.base import InitActivation, annotation_state, mean_annotation, mlp
 from captioning.models.decoders.recurrent import RecurrentDecoder
-from captioning.models.decoders.unroll import Spread, Step, StepIO
+from captioning.models.decoders.unroll import Step, StepIO
 from captioning.models.rows import repeat_rows
 
 # h (N, n), c (N, n), previous alpha (N, L): what the attention carries to the next step (`AttentionOutput.recurrent`)
@@ -96,11 +96,6 @@ class ShowAttendTellDecoder(RecurrentDecoder):
             return att, att.context, h.new_ones(h.shape[0])
         beta = torch.sigmoid(self.selector(h))  # (N, 1)
         return att, beta * att.context, beta.squeeze(1)
-
-    def fixed_inputs(self, emb: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None,
-                     spread: Spread) -> dict[nn.Module, torch.Tensor]:
-        """The LSTM's input starts with E y_{t-1}."""
-        return {self.lstm: emb}
 
     def recur(self, io: StepIO, state: State, a: torch.Tensor, keys: torch.Tensor,
               mask: torch.Tensor | None) -> Step:

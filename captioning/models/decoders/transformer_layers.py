@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioning.models.attention import Attention, AttentionOutput, HardAttention
+from captioning.models.attention import Attention, AttentionOutput, HardAttention, attention_name
 from captioning.models.attention_family import MeanAttention, grid_positions, resolve_grid
 
 Cache = tuple[torch.Tensor, torch.Tensor]  # keys, values of the words so far: (N, H, t, d_k) each
@@ -189,7 +189,7 @@ def check_cross_attention(module: Attention, keys: torch.Tensor) -> None:
     if isinstance(module, HardAttention):
         raise ValueError("decoder=transformer cannot use attention=hard: it samples one region per layer and step, "
                          f"which teacher forcing over all positions at once does not do; {others}")
-    name = type(module).__name__.removesuffix("Attention").lower()
+    name = attention_name(module)
     if module.reads_previous:
         raise ValueError(f"decoder=transformer cannot use attention={name}{module.reads_previous_because()}: its "
                          f"weights read the previous step's, which teacher forcing over all positions at once does "
