@@ -52,6 +52,7 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Train, then evaluate the best checkpoint on the test split; returns the test metrics. The run holds its
     folder's lock throughout; RunFolderError for a folder in use or holding a run it may not touch."""
     from captioning.factory.models import model_config
+    from captioning.factory.registry import with_added_defaults
     from captioning.training import distributed
     from captioning.training.run_folder import claim_run_folder
     from captioning.training.run_state import SAME_MODEL
@@ -63,7 +64,8 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         # a checkpoint of another model is refused before any data is read (its weights are checked on loading)
         for key, path in (("resume", resume_from), ("init_from", cfg.get("init_from"))):
             if path is not None:
-                same_model(read_checkpoint(path, mmap=True), path, model_config(cfg), None, *SAME_MODEL[key])
+                same_model(read_checkpoint(path, mmap=True), path, model_config(cfg), None, *SAME_MODEL[key],
+                           upgrade=with_added_defaults)
         return _train(cfg, out_dir, resume_from)
 
 

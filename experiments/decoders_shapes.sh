@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The decoders side by side on `shapes` (experiments/README.md, "Decoders on shapes"): Show-Attend-Tell with soft and
 # with hard attention, Up-Down, the Transformer and the zoo (Show and Tell, Att2in, Att2all, adaptive attention, AoA,
-# M2), each trained with cross-entropy (the shapes defaults) and then fine-tuned with SCST (objective=scst,
-# mean-of-samples baseline) from its best checkpoint; test split, beam 3.
+# M2; and the adaptive model without its sentinel, Lu et al.'s spatial attention ablation), each trained with
+# cross-entropy (the shapes defaults) and then fine-tuned with SCST (objective=scst, mean-of-samples baseline) from
+# its best checkpoint; test split, beam 3.
 #
 #   experiments/decoders_shapes.sh [OUT]
 #   MODELS="fc aoa" XE_ONLY=1 experiments/decoders_shapes.sh [OUT]      some models, cross-entropy only
@@ -17,8 +18,9 @@ out=${1:-outputs/decoders_shapes}
 mkdir -p "$out" experiments/figures
 declare -A model=([sat_soft]="attention=soft" [sat_hard]="attention=hard" [updown]="decoder=updown"
                   [transformer]="decoder=transformer" [fc]="decoder=fc" [att2in]="decoder=att2in"
-                  [att2all]="decoder=att2all" [adaptive]="decoder=adaptive" [aoa]="decoder=aoa" [m2]="decoder=m2")
-read -r -a names <<< "${MODELS:-sat_soft sat_hard updown transformer fc att2in att2all adaptive aoa m2}"
+                  [att2all]="decoder=att2all" [adaptive]="decoder=adaptive" [aoa]="decoder=aoa" [m2]="decoder=m2"
+                  [adaptive_spatial]="decoder=adaptive decoder.sentinel=false")
+read -r -a names <<< "${MODELS:-sat_soft sat_hard updown transformer fc att2in att2all adaptive aoa m2 adaptive_spatial}"
 run() {  # run DIR OVERRIDES...: one training into DIR unless it finished there, its wall time logged
   local dir=$1; shift
   [ -f "$dir/metrics.json" ] && return

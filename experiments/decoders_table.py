@@ -15,7 +15,7 @@ from matplotlib.image import imread
 
 NAMES = {"sat_soft": "SAT soft", "sat_hard": "SAT hard", "updown": "Up-Down", "transformer": "Transformer",
          "fc": "Show and Tell", "att2in": "Att2in", "att2all": "Att2all", "adaptive": "Adaptive (sentinel)",
-         "aoa": "AoA", "m2": "M2"}
+         "adaptive_spatial": "Adaptive, no sentinel", "aoa": "AoA", "m2": "M2"}
 
 
 def row(run: Path, label: str) -> str:

@@ -37,7 +37,8 @@ SIZES = {"sat": {"embed_dim": 6, "hidden_dim": 7, "init_layers": 2},
          "adaptive": {"embed_dim": 6, "hidden_dim": 7},
          "aoa": {"embed_dim": 6, "hidden_dim": 8, "refiner_layers": 1, "refiner_heads": 2},
          "m2": {"d_model": 8, "num_layers": 2, "num_heads": 2, "ff_dim": 12, "encoder_layers": 2, "memory_slots": 3}}
-VARIANTS = {"luong-no-feeding": ("luong", {"input_feeding": False})}
+VARIANTS = {"luong-no-feeding": ("luong", {"input_feeding": False}),
+            "adaptive-spatial": ("adaptive", {"sentinel": False})}
 DECODERS = sorted(registry.DECODERS) + sorted(VARIANTS)
 V, D, GRID = 13, 10, (4, 5)
 INDEXES = {"k=2": torch.arange(3).repeat_interleave(2), "irregular": torch.tensor([2, 0, 0, 1, 2, 1])}

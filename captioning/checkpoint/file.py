@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from captioning.models.captioner import Captioner
 
 FORMAT = "captioning/v1"
+Upgrade = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  # (stored, run) -> stored as this code reads it
 MAX_STRUCTURE_BYTES = 64 << 20  # a checkpoint's pickled structure (no tensors) is far smaller; a larger one: torch.load
 
 
@@ -98,22 +99,27 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def same_model(ckpt: dict[str, Any], path: str | os.PathLike, model_config: dict[str, Any],
-               vocab: Vocabulary | None, action: str, advice: str) -> None:
+               vocab: Vocabulary | None, action: str, advice: str, upgrade: Upgrade | None = None) -> None:
     """Refuse (one ValueError) a checkpoint whose stored model config, or vocabulary (unless None), is not the run's:
-    what resume and init_from load into the run's own model."""
+    what resume and init_from load into the run's own model. `upgrade(stored, run)`: the stored model config as
+    this code reads it (factory/registry.py `with_added_defaults`: arguments added since, at their defaults)."""
     config = ckpt.get("config")
-    same = isinstance(config, dict) and config.get("model") == model_config
+    stored = config.get("model") if isinstance(config, dict) else None
+    if upgrade is not None and isinstance(stored, dict):
+        stored = upgrade(stored, model_config)
+    same = stored is not None and stored == model_config
     if not same or (vocab is not None and checkpoint_vocabulary(ckpt, path) != vocab):
         raise ValueError(f"cannot {action} {path}: it was trained with a different model config or vocabulary; "
                          f"{advice}")
 
 
 def load_same_model(path: str | os.PathLike, model: Captioner, vocab: Vocabulary, model_config: dict[str, Any],
-                    map_location: str | torch.device, action: str, advice: str) -> dict[str, Any]:
+                    map_location: str | torch.device, action: str, advice: str,
+                    upgrade: Upgrade | None = None) -> dict[str, Any]:
     """Read a checkpoint of this model config and vocabulary, check its weights' shapes and load them into `model`
     (resume, init_from); returns the checkpoint. Any other is refused in one line."""
     ckpt = read_checkpoint(path, map_location)
-    same_model(ckpt, path, model_config, vocab, action, advice)
+    same_model(ckpt, path, model_config, vocab, action, advice, upgrade)
     check_weights(model.state_dict(), ckpt.get("model"), len(vocab), path)
     model.load_state_dict(ckpt["model"])
     return ckpt

@@ -22,6 +22,7 @@ every config of the group against its target's signature, with no schema edit (c
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -160,6 +161,24 @@ def resolve(group: str, spec: Any, where: str) -> tuple[Callable[..., Any], dict
     kwargs = {k: v for k, v in spec.items() if k != "_target_"}
     check_arguments(table[target], kwargs, where, BUILDER_ARGS.get(group, ()))
     return table[target], kwargs
+
+
+def with_added_defaults(stored: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model config `stored` with the arguments its components gained since it was written: a key of
+    the run's group (same `_target_`) that the stored group lacks gets its constructor's default, which is what
+    loading the checkpoint builds (a decoder=adaptive run from before `sentinel` resumes as the sentinel model).
+    resume and init_from compare the run's model config with this."""
+    out = dict(stored)
+    for group, spec in run.items():
+        old = stored.get(group)
+        if not (isinstance(spec, Mapping) and isinstance(old, Mapping) and old.get("_target_") == spec.get("_target_")
+                and old.get("_target_") in GROUPS.get(group, {})):
+            continue
+        params = parameters(GROUPS[group][old["_target_"]])
+        added = {k: params[k].default for k in spec if k not in old and k in params
+                 and params[k].default is not inspect.Parameter.empty}
+        out[group] = {**old, **added}
+    return out
 
 
 def build(group: str, spec: Any, where: str | None = None) -> Any:

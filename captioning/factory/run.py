@@ -75,7 +75,8 @@ def build_run(cfg: DictConfig) -> RunParts:
                     amp_dtype=precision.autocast_dtype(cfg.trainer.get("precision", "fp32"), device),
                     trainer=cfg.trainer, eval=ev, loader=LoaderSettings.of(cfg.dataset), seed=int(cfg.seed),
                     config=stored_config(cfg, spec), instances=instances, uses_features=features is not None,
-                    run_info={"attention": attention_name(cfg), "dataset": cfg.dataset.name})
+                    run_info={"attention": attention_name(cfg), "dataset": cfg.dataset.name},
+                    upgrade_model=registry.with_added_defaults)
 
 
 def build_trainer(cfg: DictConfig, out_dir: Path) -> Trainer:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from captioning.checkpoint.file import Upgrade
 from captioning.data.dataset import CaptionDataset
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.split import EvalSettings
@@ -52,3 +53,5 @@ class RunParts:
     run_info: dict[str, Any]  # what metrics.json says about the run (attention, dataset)
     instances: CocoInstances | None = None  # eval.instances on rank 0 (attention correctness on COCO masks)
     uses_features: bool = False  # a feature cache: the encoder is not in the forward pass
+    # a checkpoint's stored model config as this code reads it, for resume and init_from (factory/registry.py)
+    upgrade_model: Upgrade | None = None

@@ -96,7 +96,7 @@ class RunState:
         """Load the weights of a checkpoint of this run's model config and vocabulary (SAME_MODEL[key] says
         what to do instead); refuse any other."""
         return load_same_model(path, self.model, self.vocab, self.parts.config["model"], self.device,
-                               *SAME_MODEL[key])
+                               *SAME_MODEL[key], upgrade=self.parts.upgrade_model)
 
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, counters, the epoch's position and the RNG states from a

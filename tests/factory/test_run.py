@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from fixtures import compose_config, compose_tiny_train
 
+from captioning.checkpoint import same_model
 from captioning.evaluation.split import EvalSettings
 from captioning.factory.models import model_config
+from captioning.factory.registry import with_added_defaults
 from captioning.factory.run import build_run, build_trainer, stored_config
 from captioning.runtime import set_seed
 from captioning.training.objectives import CrossEntropy, SelfCritical
@@ -46,3 +49,21 @@ def test_the_same_seed_builds_the_same_model(shapes_json):
 def test_objective_scst_builds_the_self_critical_objective(shapes_json):
     parts = build_run(compose_tiny_train(shapes_json, "device=cpu", "objective=scst"))
     assert isinstance(parts.objective, SelfCritical) and parts.scheduler is None  # scst.yaml: a constant step
+
+
+@pytest.mark.parametrize(("decoder", "added"), [("adaptive", {"sentinel": True}),
+                                                 ("transformer", {"memory_slots": 0, "mesh": False})])
+def test_a_checkpoint_from_before_a_models_new_argument_resumes(decoder, added):
+    """resume and init_from read a stored model config without an argument added since as having its default (what
+    loading builds); a run that sets it otherwise is another model."""
+    run = model_config(compose_config(f"decoder={decoder}"))
+    stored = {**run, "decoder": {k: v for k, v in run["decoder"].items() if k not in added}}
+    assert {k: run["decoder"][k] for k in added} == added
+    ckpt = {"config": {"model": stored}}
+    same_model(ckpt, "old.pt", run, None, "resume", "", upgrade=with_added_defaults)
+    with pytest.raises(ValueError, match="cannot resume old.pt: it was trained with a different model config"):
+        same_model(ckpt, "old.pt", run, None, "resume", "")  # read as written, it is not the run's
+    key = next(iter(added))
+    other = {**run, "decoder": {**run["decoder"], key: not added[key] if isinstance(added[key], bool) else 4}}
+    with pytest.raises(ValueError, match="different model config"):
+        same_model(ckpt, "old.pt", other, None, "resume", "", upgrade=with_added_defaults)

@@ -123,6 +123,25 @@ def test_adaptive_attention_is_lu_et_al_by_hand_and_soft_attention_without_the_s
         assert ((beta > 0) & (beta < 1)).all()
 
 
+def test_without_the_sentinel_it_is_lu_et_al_spatial_attention_model():
+    """sentinel=false, Lu et al.'s ablation: the by-hand step with beta_t = 0, no sentinel parameters, no weight."""
+    dec = build("adaptive-spatial", "soft").double().eval()
+    full = build("adaptive", "soft").double().eval()
+    assert {n for n, _ in full.named_parameters()} - {n for n, _ in dec.named_parameters()} == {
+        "W_x.weight", "W_x.bias", "W_hs.weight", "W_s.weight"}
+    dec.load_state_dict(full.state_dict(), strict=False)  # the shared weights, so the by-hand helper can read W_s
+    a, mask, captions = data(B=2, k=1)
+    n, g = dec.hidden_dim, torch.Generator().manual_seed(7)
+    h, m = torch.randn(2, n, generator=g).double(), torch.randn(2, n, generator=g).double()
+    with torch.no_grad():
+        logits, _, att = dec.step(captions[:, 1], (h, m), a, dec.attention.prepare(a, GRID, mask), mask)
+        want, hat = adaptive_by_hand(full, a, mask, captions[:, 1], h, m, beta_zero=True)
+        greedy = greedy_decode(dec, a, 8, mask=mask, grid=GRID)
+    torch.testing.assert_close(logits, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(att.alpha, hat[:, :-1], atol=1e-12, rtol=0)
+    assert att.channels is None and greedy.channels is None and dec.extra_weights == "channels"
+
+
 def test_the_sentinel_weight_of_each_word_is_decoded_with_its_map():
     dec = build("adaptive", "soft").double().eval()
     a, mask, _ = data(B=3)

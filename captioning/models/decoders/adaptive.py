@@ -17,6 +17,9 @@ much word t relied on the sentinel rather than the image, is the attention outpu
 one column), carried through greedy and beam search and export as channel-wise attention's weights are, and
 reported per word as `sentinel` (captioning.inference). Other attention types do not give a score to put beside the
 sentinel's: the decoder takes attention=soft only, and says so in one line.
+
+`sentinel=false` is Lu et al.'s own ablation, their "spatial attention" model: the same LSTM, V and attention from
+h_t, no sentinel (c^_t = c_t, no W_x, W_h, W_s), and no per-word sentinel weight.
 """
 
 from __future__ import annotations
@@ -69,9 +72,11 @@ class AdaptiveDecoder(RecurrentDecoder):
 
     @constrained
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
-                 embed_dim: Size = 64, hidden_dim: Size = 256, dropout: DropoutRate = 0.1):
+                 embed_dim: Size = 64, hidden_dim: Size = 256, dropout: DropoutRate = 0.1, sentinel: bool = True):
         super().__init__()
-        self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
+        self.vocab_size, self.hidden_dim, self.sentinel = vocab_size, hidden_dim, sentinel
+        if not sentinel:  # Lu et al.'s spatial attention model: nothing per word beside the map
+            self.extra_weights = "channels"
         spatial = attention(annotation_dim=hidden_dim, hidden_dim=hidden_dim)
         if type(spatial) is not SoftAttention:
             raise ValueError(f"decoder=adaptive scores its visual sentinel beside the regions with the additive score "
@@ -80,9 +85,10 @@ class AdaptiveDecoder(RecurrentDecoder):
         self.embed = nn.Embedding(vocab_size, embed_dim)
         self.W_b = nn.Linear(annotation_dim, embed_dim)  # v_g = ReLU(W_b mean a)
         self.lstm = nn.LSTMCell(2 * embed_dim, hidden_dim)  # [E y_{t-1}; v_g]
-        self.W_x = nn.Linear(2 * embed_dim, hidden_dim)  # the sentinel's gate, with its bias
-        self.W_hs = nn.Linear(hidden_dim, hidden_dim, bias=False)
-        self.W_s = nn.Linear(hidden_dim, spatial.W_h.out_features, bias=False)
+        if sentinel:
+            self.W_x = nn.Linear(2 * embed_dim, hidden_dim)  # the sentinel's gate, with its bias
+            self.W_hs = nn.Linear(hidden_dim, hidden_dim, bias=False)
+            self.W_s = nn.Linear(hidden_dim, spatial.W_h.out_features, bias=False)
         self.W_p = nn.Linear(hidden_dim, vocab_size)
         self.dropout = nn.Dropout(dropout)
 
@@ -96,7 +102,7 @@ class AdaptiveDecoder(RecurrentDecoder):
         """x_t = [E y_{t-1}; v_g]: the LSTM's input and the sentinel gate's."""
         v_g = spread(torch.relu(self.W_b(mean_annotation(a, mask)[0])))  # (B, m) -> the rows' (P, m)
         x = torch.cat([emb, v_g.to(emb.dtype)], dim=1)
-        return {self.lstm: x, self.W_x: x}
+        return {self.lstm: x, self.W_x: x} if self.sentinel else {self.lstm: x}
 
     def sentinel_weight(self, s: torch.Tensor, h: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """beta_t (N, 1) = sigmoid(z^s_t - logsumexp_i z_ti), z^s_t = w^T tanh(W_s s_t + W_g h_t)."""
@@ -111,10 +117,13 @@ class AdaptiveDecoder(RecurrentDecoder):
         h, m = state
         h_prev = io.run(h)
         h_t, m_t = io.lstm(self.lstm, None, h_prev, io.run(m))  # (n_t, n)
-        s_t = torch.sigmoid(io.project(self.W_x) + io.linear(self.W_hs, h_prev)) * torch.tanh(m_t)
+        if self.sentinel:
+            s_t = torch.sigmoid(io.project(self.W_x) + io.linear(self.W_hs, h_prev)) * torch.tanh(m_t)
         h = io.put(h, h_t)
         att = self.attention(a, keys, h, mask)  # from h_t, every row of the running images
         run = io.attention(att)
+        if not self.sentinel:  # c^_t = c_t
+            return Step((h, io.put(m, m_t)), AttentionOutput(run.context, run.alpha), (run.context + h_t,))
         assert run.channels is not None
         beta = self.sentinel_weight(s_t, h_t, run.channels)  # (n_t, 1)
         c_hat = beta * s_t + (1 - beta) * run.context

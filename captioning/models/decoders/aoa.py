@@ -81,7 +81,7 @@ class AoADecoder(RecurrentDecoder):
 
     @constrained
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Callable[..., Attention],
-                 embed_dim: Size = 64, hidden_dim: Size = 256, refiner_layers: Count = 1, refiner_heads: Size = 4,
+                 embed_dim: Size = 64, hidden_dim: Size = 128, refiner_layers: Count = 1, refiner_heads: Size = 4,
                  dropout: DropoutRate = 0.1):
         super().__init__()
         if hidden_dim % refiner_heads:
