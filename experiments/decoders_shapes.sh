@@ -11,7 +11,8 @@
 # OUT  where the runs go (default: outputs/decoders_shapes); finished runs there are kept, not rerun; each run's
 #      wall time (s) is appended to OUT/wall_seconds.txt.
 # Prints the Markdown table (also written to experiments/decoders_shapes.md) and draws SAT soft's and the
-# Transformer's attention on the same test image side by side (experiments/figures/decoders_sat_vs_transformer.png).
+# Transformer's attention on the same test image side by side (experiments/figures/decoders_sat_vs_transformer.png),
+# and the zoo's attention models' on one test image (experiments/figures/decoders_zoo.jpg).
 # Environment: XE_ARGS / SCST_ARGS, overrides added to every cross-entropy / SCST run.
 set -euo pipefail
 out=${1:-outputs/decoders_shapes}

@@ -1,6 +1,9 @@
-"""The table and figure of experiments/decoders_shapes.sh, from its runs' metrics.json, history.json and figures.
+"""The table and figures of experiments/decoders_shapes.sh, from its runs' metrics.json, history.json and figures.
 
     python experiments/decoders_table.py OUT TABLE.md FIGURE.png
+
+FIGURE: SAT soft's and the Transformer's maps of one test image; decoders_zoo.jpg beside it: the zoo's attention
+models' maps of one test image (Att2in, Att2all, adaptive with and without its sentinel, AoA, M2; those run).
 """
 
 from __future__ import annotations
@@ -28,18 +31,34 @@ def row(run: Path, label: str) -> str:
             f"{m['best_epoch']} of {epochs} |")
 
 
-def side_by_side(left: Path, right: Path, out: Path) -> None:
-    """Two attention figures (the same test image) one above the other, titled by decoder."""
-    images = [imread(str(p)) for p in (left, right)]
-    fig = Figure(figsize=(12, 2 * sum(i.shape[0] / i.shape[1] * 6 for i in images)))
+# The models whose maps the figures put one above the other (their XE runs' figures of one test image).
+PAIR = ("sat_soft", "transformer")
+ZOO = ("att2in", "att2all", "adaptive", "adaptive_spatial", "aoa", "m2")
+TITLES = {"sat_soft": "SAT soft attention", "transformer": "Transformer (last layer, mean of heads)",
+          "adaptive": "Adaptive (sentinel): spatial alpha_t, beta_t in the titles",
+          "aoa": "AoA (f_att: multi-head, mean of heads)", "m2": "M2 (last layer, mean of heads)"}
+
+
+def stacked(out: Path, names: tuple[str, ...], figure: Path) -> None:
+    """The XE runs' attention figures of one test image that all of `names` drew, one above the other, titled by
+    model; runs not made are left out (fewer than two: no figure)."""
+    names = tuple(n for n in names if (out / f"xe_{n}" / "figures").is_dir())
+    common = set.intersection(*({p.name for p in (out / f"xe_{n}" / "figures").glob("*.png")} for n in names)) \
+        if len(names) > 1 else set()
+    if not common:
+        return
+    image = min(common)
+    images = [imread(str(out / f"xe_{n}" / "figures" / image)) for n in names]
+    fig = Figure(figsize=(12, sum(i.shape[0] / i.shape[1] * 12 + 0.4 for i in images)))
     FigureCanvasAgg(fig)
-    for k, (image, title) in enumerate(zip(images, ("SAT soft attention", "Transformer (last layer, mean of heads)"))):
-        ax = fig.add_subplot(2, 1, k + 1)
-        ax.imshow(image)
-        ax.set_title(title)
+    for k, (picture, name) in enumerate(zip(images, names)):
+        ax = fig.add_subplot(len(images), 1, k + 1)
+        ax.imshow(picture)
+        ax.set_title(TITLES.get(name, NAMES[name]))
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    fig.savefig(figure, dpi=80)
+    print(f"figure: {figure} (test image {Path(image).stem}: {', '.join(names)})")
 
 
 def main(out: Path, table: Path, figure: Path) -> None:
@@ -52,12 +71,8 @@ def main(out: Path, table: Path, figure: Path) -> None:
     text = "\n".join(lines) + "\n"
     table.write_text(text)
     print(text)
-    sat, transformer = (sorted((out / f"xe_{n}" / "figures").glob("*.png")) for n in ("sat_soft", "transformer"))
-    common = sorted({p.name for p in sat} & {p.name for p in transformer})
-    if common:
-        name = common[0]
-        side_by_side(out / "xe_sat_soft" / "figures" / name, out / "xe_transformer" / "figures" / name, figure)
-        print(f"figure: {figure} (test image {Path(common[0]).stem})")
+    stacked(out, PAIR, figure)
+    stacked(out, ZOO, figure.with_name("decoders_zoo.jpg"))  # JPEG: a sixth of the PNG
 
 
 if __name__ == "__main__":
