@@ -81,7 +81,8 @@ class AdaptiveDecoder(RecurrentDecoder):
         if type(spatial) is not SoftAttention:
             raise ValueError(f"decoder=adaptive scores its visual sentinel beside the regions with the additive score "
                              f"of Lu et al. (2017): it takes attention=soft, not attention={attention_name(spatial)}")
-        self.attention = SentinelAttention(annotation_dim, hidden_dim, Projection(annotation_dim, hidden_dim), spatial)
+        attend = SentinelAttention if sentinel else TransformedAttention  # without it: soft attention over V
+        self.attention = attend(annotation_dim, hidden_dim, Projection(annotation_dim, hidden_dim), spatial)
         self.embed = nn.Embedding(vocab_size, embed_dim)
         self.W_b = nn.Linear(annotation_dim, embed_dim)  # v_g = ReLU(W_b mean a)
         self.lstm = nn.LSTMCell(2 * embed_dim, hidden_dim)  # [E y_{t-1}; v_g]
@@ -123,7 +124,7 @@ class AdaptiveDecoder(RecurrentDecoder):
         att = self.attention(a, keys, h, mask)  # from h_t, every row of the running images
         run = io.attention(att)
         if not self.sentinel:  # c^_t = c_t
-            return Step((h, io.put(m, m_t)), AttentionOutput(run.context, run.alpha), (run.context + h_t,))
+            return Step((h, io.put(m, m_t)), run, (run.context + h_t,))
         assert run.channels is not None
         beta = self.sentinel_weight(s_t, h_t, run.channels)  # (n_t, 1)
         c_hat = beta * s_t + (1 - beta) * run.context
