@@ -86,6 +86,7 @@ class EvalConfig(TypedDict):
     instances: str | None  # COCO instances file for mask-based attention correctness
     attention_layer: NotRequired[int | None]  # decoder=transformer: the cross-attention layer figures read
     attention_head: NotRequired[Annotated[int | None, Range(ge=0)]]  # ... and one head of it (null: their mean)
+    collapse_share: NotRequired[Annotated[float, Range(ge=0, le=1)]]  # one caption for more of the images: said
 
 
 class TrainerConfig(TypedDict):

@@ -24,7 +24,13 @@ from tqdm import tqdm
 
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.evaluation.outputs import write_outputs
-from captioning.metrics import attention_correctness, caption_diversity, score_captions
+from captioning.metrics import (
+    attention_correctness,
+    caption_diversity,
+    collapse_note,
+    collapsed_caption,
+    score_captions,
+)
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.captioner import Captioner, reports_sentinel, selects_regions
 from captioning.reporting.items import Prediction
@@ -50,18 +56,24 @@ class EvalSettings:
     compile: bool  # decode through a compiled decoder step
     attention_layer: int | None  # decoder=transformer: the cross-attention layer figures read (None: its own)
     attention_head: int | None  # ... and one head of it (None: the decoder's choice)
+    collapse_share: float  # one caption for more than this share of the images: said in one line (collapse)
 
     @classmethod
     def of(cls, ev: Any) -> EvalSettings:
         """From an `eval` config section (a DictConfig). A key added after the first release (report, instances,
-        compile, attention_layer, attention_head) that an older section lacks takes conf/eval/default.yaml's value."""
+        compile, attention_layer, attention_head, collapse_share) that an older section lacks takes
+        conf/eval/default.yaml's value."""
         def later(key: str) -> Any:
             return ev[key] if key in ev else shipped_eval()[key]
 
+        collapse_share = float(later("collapse_share"))
+        if not 0.0 <= collapse_share <= 1.0:
+            raise ValueError(f"eval.collapse_share must be a share of the images, from 0 to 1 (1: never warn); got "
+                             f"{collapse_share:g}")
         return cls(str(ev.split), int(ev.beam_size), int(ev.max_len), float(ev.length_penalty),
                    int(ev.batch_size), tuple(ev.metrics), int(ev.num_figures), bool(later("report")),
                    later("instances") or None, bool(later("compile")), later("attention_layer"),
-                   later("attention_head"))
+                   later("attention_head"), collapse_share)
 
     @classmethod
     def shipped(cls, **changes: Any) -> EvalSettings:
@@ -109,8 +121,11 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
     return preds
 
 
-def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics: tuple[str, ...]) -> dict[str, Any]:
-    """coco-caption scores, plus attention correctness where the data set has object boxes.
+def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics: tuple[str, ...],
+                      collapse_share: float | None = None) -> dict[str, Any]:
+    """coco-caption scores, plus attention correctness where the data set has object boxes, and how varied the
+    captions are. One caption for more than `collapse_share` of the images (eval.collapse_share; None: the shipped
+    value) is warned about in one line and named in the scores (`collapsed_caption`).
 
     Also fills each prediction's per-image `scores`.
     """
@@ -132,6 +147,11 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
                                    [r.word_boxes for r in recs], cast(list[tuple[int, int]], sizes))
         out.update(ac)
     out.update(caption_diversity([p.words for p in preds]))  # beside the n-gram scores: how varied the captions are
+    threshold = float(shipped_eval()["collapse_share"]) if collapse_share is None else collapse_share
+    collapsed = collapsed_caption([p.words for p in preds], threshold)
+    if collapsed is not None:
+        out["collapsed_caption"] = collapsed
+        logger.warning(collapse_note(collapsed, out["top_caption_share"], len(preds), threshold))
     out["num_images"] = len(preds)
     out["skipped_images"] = len(dataset) - len(preds)  # unreadable images are counted, never silently dropped
     return out
@@ -173,7 +193,7 @@ def evaluate_split(model: Captioner, dataset: CaptionDataset, ev: EvalSettings, 
         return None
     preds = list(preds)
     metrics = {**(before or {}), "split": ev.split, "beam_size": ev.beam_size,
-               **score_predictions(preds, dataset, ev.metrics), **(after or {})}
+               **score_predictions(preds, dataset, ev.metrics, ev.collapse_share), **(after or {})}
     sets = region_sets(dataset)
     if instances is not None and not sets:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
         metrics.update(instance_correctness(preds, instances, model))

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from string import Template
 from typing import Any
 
+from captioning.metrics.diversity import collapse_note
 from captioning.reporting.items import ReportItem
 from captioning.reporting.numbers import format_metric
 
@@ -78,6 +79,7 @@ PAGE_TEMPLATE = Template("""<!DOCTYPE html>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
 #curves img { max-width: 100%; height: auto; }
+p.collapse { color: #a40000; font-weight: 600; }
 table.overall th { text-align: left; padding-right: 1em; font-weight: 600; }
 table.overall td { overflow-wrap: anywhere; }
 #images { border-collapse: collapse; margin-top: 1em; }
@@ -226,6 +228,10 @@ def render_page(items: Sequence[ReportItem], columns: Sequence[str], metrics: Ma
                    f'alt="training curves"></section>') if curves_uri is not None else ""
     note = capped_note(len(items), total) if total is not None and total > len(items) else ""
     capped = f'<p class="capped">{html.escape(note[:1].upper() + note[1:])}.</p>' if note else ""
+    collapsed = metrics.get("collapsed_caption")
+    if isinstance(collapsed, str):  # score_predictions found one caption for most images: said above the table
+        line = collapse_note(collapsed, float(metrics.get("top_caption_share", 0.0)), int(metrics.get("num_images", 0)))
+        capped = f'<p class="collapse">{html.escape(line[:1].upper() + line[1:])}.</p>' + capped
     return PAGE_TEMPLATE.substitute(
         title=html.escape(title), overall=_overall_table(metrics), curves=curves_html, head=head, body=body,
         count=len(items), capped=capped, heatmap_js=HEATMAP_JS,

@@ -190,7 +190,7 @@ class Trainer(RunState):
         """Decode the validation split (real decoding) and score it; every rank gets rank 0's scores, so early
         stopping and the LR schedule take the same decisions everywhere."""
         preds = self.decode(self.data["val"], self.tc.val_beam_size, self.ev.max_len, 0.0, self.ev.batch_size)
-        return validation.validation_scores(preds, self.data["val"])
+        return validation.validation_scores(preds, self.data["val"], self.ev.collapse_share)
 
     def fit(self, writer: SummaryWriter | NullWriter) -> None:
         """Epochs with validation, LR schedule, best/last checkpoints and early stopping."""
@@ -225,9 +225,11 @@ class Trainer(RunState):
                              "instead")
         score = float(val[self.tc.monitor])
         self.history.append({"epoch": self.epoch, "step": self.step, **losses,
-                             **{f"val_{k}": v for k, v in val.items() if isinstance(v, (int, float))}})
+                             **{f"val_{k}": v for k, v in val.items()
+                                if isinstance(v, (int, float)) or k == "collapsed_caption"}})
         for k, v in self.history[-1].items():
-            writer.add_scalar(f"epoch/{k}", v, self.epoch)
+            if not isinstance(v, str):  # the collapsed caption is text: in history.json only
+                writer.add_scalar(f"epoch/{k}", v, self.epoch)
         if self.scheduler is not None:
             schedule.step_schedule(self.scheduler, score)  # a NaN score: no improvement
         finite = self.weights_finite()  # a checkpoint never holds non-finite weights

@@ -56,8 +56,9 @@ def decode_with_forked_rng(model: Captioner, dataset: CaptionDataset, beam_size:
         return decode_split(model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
 
 
-def validation_scores(preds: list[Prediction] | None, dataset: CaptionDataset) -> dict[str, Any]:
-    """BLEU and CIDEr-D of rank 0's predictions, on every rank, so that early stopping and the LR schedule
-    take the same decisions everywhere (a collective)."""
-    val = score_predictions(preds, dataset, ("bleu", "cider")) if preds is not None else None
+def validation_scores(preds: list[Prediction] | None, dataset: CaptionDataset,
+                      collapse_share: float | None = None) -> dict[str, Any]:
+    """BLEU and CIDEr-D of rank 0's predictions (and score_predictions' collapse check), on every rank,
+    so that early stopping and the LR schedule take the same decisions everywhere (a collective)."""
+    val = score_predictions(preds, dataset, ("bleu", "cider"), collapse_share) if preds is not None else None
     return broadcast_object(val)  # type: ignore[arg-type]  # rank 0's scores on every rank

@@ -125,6 +125,22 @@ def test_a_caption_equal_to_a_reference_scores_full_bleu_and_a_wrong_one_nothing
     assert 0.0 < metrics["attention_correctness"] < 1.0  # uniform maps: part of the mass on the object
 
 
+def test_one_caption_for_most_images_is_said_in_one_line_and_named_in_the_scores(split, caplog):
+    _, ds = split
+    same = ["a", "red", "circle"]
+    words = [same if k < 7 else list(ds.records[k].captions[0]) for k in range(len(ds))]  # 7 of 12 the same
+    preds = [Prediction(k, r.image_id, w, _uniform(w)) for k, (r, w) in enumerate(zip(ds.records, words))]
+    with caplog.at_level("WARNING", logger="captioning.evaluation.split"):
+        metrics = score_predictions(preds, ds, METRICS)  # the shipped eval.collapse_share, 0.5
+    assert metrics["collapsed_caption"] == "a red circle" and metrics["top_caption_share"] == pytest.approx(7 / 12)
+    [line] = [r.getMessage() for r in caplog.records if "collapsed" in r.getMessage()]
+    assert line.startswith('one caption for 58% of the 12 images (over eval.collapse_share=0.5): "a red circle"')
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="captioning.evaluation.split"):
+        assert "collapsed_caption" not in score_predictions(preds, ds, METRICS, collapse_share=0.6)
+    assert not [r for r in caplog.records if "collapsed" in r.getMessage()]
+
+
 # ------------------------------------------------------------------------------------------------
 # EvalSettings
 # ------------------------------------------------------------------------------------------------
@@ -136,11 +152,12 @@ def test_eval_settings_read_an_eval_config():
                                     "batch_size": 7, "metrics": ["bleu", "cider"], "num_figures": "0",
                                     "report": False, "instances": "instances.json", "compile": True})
     ev = EvalSettings.of(cfg)
-    assert ev == EvalSettings("val", 5, 12, 1.0, 7, ("bleu", "cider"), 0, False, "instances.json", True, None, None)
+    assert ev == EvalSettings("val", 5, 12, 1.0, 7, ("bleu", "cider"), 0, False, "instances.json", True, None, None,
+                             0.5)
     assert isinstance(ev.beam_size, int) and isinstance(ev.length_penalty, float) and isinstance(ev.metrics, tuple)
     # keys an older config lacks take the shipped YAML's values; an empty instances path is none
     older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(shipped).items()
-                              if k not in ("report", "instances", "compile")})
+                              if k not in ("report", "instances", "compile", "collapse_share")})
     assert EvalSettings.of(older) == EvalSettings.shipped()
     assert EvalSettings.of(OmegaConf.merge(shipped, {"instances": ""})).instances is None
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -148,7 +165,8 @@ def test_eval_settings_read_an_eval_config():
 
 
 @pytest.mark.parametrize("key, value", [("beam_size", "three"), ("max_len", "twenty"), ("length_penalty", "high"),
-                                        ("batch_size", None), ("num_figures", [4])])
+                                        ("batch_size", None), ("num_figures", [4]),
+                                        ("collapse_share", "half"), ("collapse_share", 1.5), ("collapse_share", -0.1)])
 def test_eval_settings_refuse_a_value_of_the_wrong_kind(key, value):
     cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "eval" / "default.yaml"), {key: value})
     with pytest.raises((ValueError, TypeError)):

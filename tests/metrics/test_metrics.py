@@ -523,6 +523,20 @@ def test_caption_diversity_counts_openings_and_words():
     caps = [s.split() for s in ("there is a red circle", "there is a blue square", "the red circle is above",
                                 "there is a red circle", "three shapes including a cross")]
     d = caption_diversity(caps)
-    assert d == {"distinct_captions": 4 / 5, "distinct_openings": 3, "top_opening_share": 3 / 5,
-                 "vocabulary_used": len({w for c in caps for w in c})}
+    assert d == {"distinct_captions": 4 / 5, "top_caption_share": 2 / 5, "distinct_openings": 3,
+                 "top_opening_share": 3 / 5, "vocabulary_used": len({w for c in caps for w in c})}
     assert caption_diversity([])["distinct_openings"] == 0
+
+
+def test_a_caption_for_more_than_the_share_of_the_images_is_a_collapse():
+    from captioning.metrics import collapse_note, collapsed_caption
+
+    caps = [s.split() for s in ("a red circle", "a blue square", "a red circle", "a red circle")]
+    assert collapsed_caption(caps, 0.5) == "a red circle"  # 3 of 4 > 0.5
+    assert collapsed_caption(caps, 0.75) is None  # exactly the share is not more than it
+    assert collapsed_caption(caps[:2], 0.4) == "a red circle"  # a tie: the first given (1 of 2 > 0.4)
+    assert collapsed_caption(caps, 1.0) is None and collapsed_caption([], 0.0) is None
+    line = collapse_note("a red circle", 0.75, 4, 0.5)
+    assert line == ('one caption for 75% of the 4 images (over eval.collapse_share=0.5): "a red circle": the '
+                    "model may have collapsed onto one caption")
+    assert "\n" not in line and "collapse_share" not in collapse_note("a red circle", 0.75, 4)

@@ -92,9 +92,14 @@ def test_report_embeds_the_curves_when_present(tmp_path):
 
 
 def test_training_run_writes_curves_and_report(shapes_json, tmp_path):
-    cfg = compose_tiny_train(shapes_json, "eval.num_figures=0", "trainer.max_epochs=2")
+    # eval.collapse_share=0: any caption is "given for more than 0 of the images", so every validation and the
+    # test say the collapse line, and its text travels through history.json, TensorBoard and the page
+    cfg = compose_tiny_train(shapes_json, "eval.num_figures=0", "trainer.max_epochs=2", "eval.collapse_share=0")
     train(cfg, tmp_path)
     history = json.loads((tmp_path / "history.json").read_text())
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert all(isinstance(h["val_collapsed_caption"], str) for h in history)
+    assert isinstance(metrics["collapsed_caption"], str) and 0 < metrics["top_caption_share"] <= 1
     # the run's curves.png is drawn from this figure: cross-entropy with the default attention_weight 0 has loss == nll
     assert all(h["loss"] == pytest.approx(h["nll"]) for h in history)
     assert _legend(curves_figure(history).get_axes()[0]) == [SAME_LOSS_LABEL]
@@ -103,6 +108,7 @@ def test_training_run_writes_curves_and_report(shapes_json, tmp_path):
     assert (tmp_path / "curves.png").is_file()
     page = (tmp_path / "report.html").read_text()
     assert len(re.findall(r'<tr class="entry"', page)) == 12 and 'alt="training curves"' in page
+    assert page.count('<p class="collapse">') == 1
     assert (tmp_path / "attention.npz").is_file()
 
 

@@ -118,6 +118,14 @@ def test_sort_headers_cover_the_metric_columns_in_cell_order():
     assert values == [("1", "1"), ("101", "101"), ("0.0", "0.0000"), ("0.7", "0.7000")]  # #, image id, Bleu_4, CIDEr
 
 
+def test_a_collapsed_model_is_said_above_the_table_and_escaped():
+    metrics = {"top_caption_share": 0.75, "num_images": 4, "collapsed_caption": "a <red> circle"}
+    page = render_report(_items(), metrics)
+    assert ('<p class="collapse">One caption for 75% of the 4 images: &quot;a &lt;red&gt; circle&quot;: the model '
+            "may have collapsed onto one caption.</p>") in page
+    assert 'class="collapse"' not in render_report(_items(), {"top_caption_share": 0.25, "num_images": 4})
+
+
 def test_bad_items_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="image 7: alphas must be .* T = 2 words"):
         ReportItem(7, ["a", "b"], ["ref"], alphas=np.ones((3, 2, 2)))
