@@ -31,6 +31,7 @@ from captioning.metrics import (
     collapsed_caption,
     score_captions,
 )
+from captioning.metrics.chair import chair_scores, is_shapes_annotation, shapes_mentions, shapes_objects
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.captioner import Captioner, reports_sentinel, selects_regions
 from captioning.reporting.items import Prediction
@@ -123,9 +124,10 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
 
 def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics: tuple[str, ...],
                       collapse_share: float | None = None) -> dict[str, Any]:
-    """coco-caption scores, plus attention correctness where the data set has object boxes, and how varied the
-    captions are. One caption for more than `collapse_share` of the images (eval.collapse_share; None: the shipped
-    value) is warned about in one line and named in the scores (`collapsed_caption`).
+    """coco-caption scores, plus attention correctness where the data set has object boxes, object hallucination
+    (CHAIR, metrics/chair.py) where it knows each image's objects (`shapes`), and how varied the captions are. One
+    caption for more than `collapse_share` of the images (eval.collapse_share; None: the shipped value) is warned
+    about in one line and named in the scores (`collapsed_caption`).
 
     Also fills each prediction's per-image `scores`.
     """
@@ -133,7 +135,7 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
     references = {dataset.records[p.index].image_id: dataset.records[p.index].raw for p in preds}
     scores = score_captions(candidates, references, metrics=metrics)
     for p in preds:
-        p.scores = scores.per_image[p.image_id]
+        p.scores = dict(scores.per_image[p.image_id])
     out: dict[str, Any] = dict(scores.overall)
     out["tokenizer"] = scores.tokenizer
     if scores.skipped:
@@ -146,6 +148,12 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
         ac = attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
                                    [r.word_boxes for r in recs], cast(list[tuple[int, int]], sizes))
         out.update(ac)
+    if recs and all(is_shapes_annotation(r.word_boxes) for r in recs):  # objects known: hallucination (CHAIR)
+        chair = chair_scores({p.image_id: shapes_mentions(p.words) for p in preds},
+                             {r.image_id: shapes_objects(r.word_boxes) for r in recs})
+        out.update(chair.overall)
+        for p in preds:
+            p.scores.update(chair.per_image[p.image_id])
     out.update(caption_diversity([p.words for p in preds]))  # beside the n-gram scores: how varied the captions are
     threshold = float(shipped_eval()["collapse_share"]) if collapse_share is None else collapse_share
     collapsed = collapsed_caption([p.words for p in preds], threshold)

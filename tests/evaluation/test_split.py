@@ -25,6 +25,7 @@ from captioning.runtime import CONF_DIR
 
 GRID = (8, 8)  # the tiny SmallCNN on 32 px images
 METRICS = ("bleu", "cider")
+METRIC_KEYS = {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "CIDEr"}
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,8 @@ def test_a_caption_equal_to_a_reference_scores_full_bleu_and_a_wrong_one_nothing
     references = {r.image_id: r.raw for r in ds.records}
     expected = score_captions(candidates, references, metrics=METRICS)
     assert {k: metrics[k] for k in expected.overall} == expected.overall
-    assert [p.scores for p in preds] == [expected.per_image[p.image_id] for p in preds]
+    assert [{k: p.scores[k] for k in METRIC_KEYS} for p in preds] == [expected.per_image[p.image_id] for p in preds]
+    assert all(set(p.scores) - METRIC_KEYS == {"CHAIR_i", "CHAIR_s", "hallucinated"} for p in preds)  # `shapes`
     assert 0.0 < metrics["Bleu_4"] < 1.0 and 0.0 < metrics["CIDEr"]
     assert metrics["tokenizer"] == expected.tokenizer and "skipped" not in metrics
     assert metrics["num_images"] == 12 and metrics["skipped_images"] == 0
