@@ -4,7 +4,7 @@ row (`ReportItem`, what the page renderer draws)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,7 +20,7 @@ class Prediction:
     image_id: int
     words: list[str]
     alphas: torch.Tensor  # (T, h, w)
-    scores: dict[str, float] = field(default_factory=dict)  # per-image metrics, once scored
+    scores: dict[str, Any] = field(default_factory=dict)  # per-image metrics, once scored (and CHAIR's words)
     sentinel: list[float] | None = None  # decoder=adaptive: each word's visual sentinel weight beta_t
 
     @property
@@ -35,7 +35,7 @@ class ReportItem:
     image_id: int
     words: list[str]
     references: list[str]
-    scores: dict[str, float] = field(default_factory=dict)
+    scores: dict[str, Any] = field(default_factory=dict)  # numbers; CHAIR's `hallucinated`: the words
     image_uri: str | None = None  # JPEG thumbnail of the encoder's view, as a data URI
     alphas: np.ndarray | None = None  # (T, h, w), one map per word
     mark_regions: bool = False  # hard attention: outline the cell each map selects (its argmax)

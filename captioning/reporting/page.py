@@ -96,6 +96,7 @@ td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-n
 .word:hover, .word.active { background: #ffe08a; }
 tr.pinned .word.active { outline: 2px solid #d08000; }
 .beta { color: #777; font-size: 70%; margin-left: 1px; }
+.word.hallucinated { color: #a40000; text-decoration: underline wavy #a40000; }
 ol.refs { margin: 0; padding-left: 1.4em; color: #555; }
 </style></head>
 <body>
@@ -184,11 +185,33 @@ def _overall_table(metrics: Mapping[str, Any]) -> str:
     return '<table class="overall">' + "".join(rows) + "</table>"
 
 
+HALLUCINATED_TITLE = ' title="CHAIR: names an object that is not in the image"'
+
+
+def hallucinated_positions(words: Sequence[str], hallucinated: object) -> set[int]:
+    """The positions of `words` that make up the hallucinated mentions (CHAIR's `hallucinated`, phrases as
+    written), each mention matched to its own first occurrence left to right; nothing for anything else."""
+    if not isinstance(hallucinated, list):
+        return set()
+    out: set[int] = set()
+    start = 0
+    for phrase in hallucinated:
+        parts = str(phrase).split()
+        for k in range(start, len(words) - len(parts) + 1):
+            if list(words[k: k + len(parts)]) == parts:
+                out.update(range(k, k + len(parts)))
+                start = k + len(parts)
+                break
+    return out
+
+
 def _row(n: int, item: ReportItem, columns: Sequence[str]) -> str:
     beta = [""] * len(item.words) if item.sentinel is None else [
         f'<sub class="beta" title="visual sentinel weight: the share of this word not taken from the image">'
         f'\u03b2 {b:.2f}</sub>' for b in item.sentinel]
-    words = " ".join(f'<span class="word" data-t="{t}" tabindex="0">{html.escape(wd)}</span>{beta[t]}'
+    wrong = hallucinated_positions(item.words, item.scores.get("hallucinated"))
+    words = " ".join(f'<span class="word{" hallucinated" if t in wrong else ""}" data-t="{t}" tabindex="0"'
+                     f'{HALLUCINATED_TITLE if t in wrong else ""}>{html.escape(wd)}</span>{beta[t]}'
                      for t, wd in enumerate(item.words)) or '<span class="empty">(empty caption)</span>'
     if item.image_uri is not None:
         view = f'<img class="thumb" src="{item.image_uri}" alt="image {item.image_id}">'

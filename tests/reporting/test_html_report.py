@@ -126,6 +126,16 @@ def test_a_collapsed_model_is_said_above_the_table_and_escaped():
     assert 'class="collapse"' not in render_report(_items(), {"top_caption_share": 0.25, "num_images": 4})
 
 
+def test_hallucinated_words_are_marked_in_the_caption():
+    words = "a green triangle and a red circle and a circle".split()
+    item = ReportItem(7, words, ["a green triangle"], {"CHAIR_i": 2 / 3, "hallucinated": ["red circle", "circle"]})
+    page = render_report([item], {})
+    marked = re.findall(r'<span class="word hallucinated" data-t="(\d+)"', page)
+    assert marked == ["5", "6", "9"]  # "red circle", then the second, bare "circle"; "green triangle" is not
+    assert page.count('title="CHAIR: names an object that is not in the image"') == 3
+    assert "hallucinated" not in render_report([ReportItem(7, words, ["x"], {"CHAIR_i": 0.0})], {}).split("<body")[1]
+
+
 def test_bad_items_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="image 7: alphas must be .* T = 2 words"):
         ReportItem(7, ["a", "b"], ["ref"], alphas=np.ones((3, 2, 2)))
