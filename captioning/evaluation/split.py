@@ -32,6 +32,7 @@ from captioning.metrics import (
     score_captions,
 )
 from captioning.metrics.chair import chair_scores, is_shapes_annotation, shapes_mentions, shapes_objects
+from captioning.metrics.chair_coco import coco_mentions, coco_objects
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.captioner import Captioner, reports_sentinel, selects_regions
 from captioning.reporting.items import Prediction
@@ -175,6 +176,17 @@ def load_instances(path: str | None, dataset: CaptionDataset) -> CocoInstances |
     return instances
 
 
+def coco_chair(preds: list[Prediction], dataset: CaptionDataset, instances: CocoInstances) -> dict[str, Any]:
+    """CHAIR on COCO (metrics/chair_coco.py): each image's objects are its instance annotations' categories and those
+    its references name. Also fills each prediction's per-image CHAIR and hallucinated words."""
+    references = {p.image_id: dataset.records[p.index].raw for p in preds}
+    objects = coco_objects(instances.categories([p.image_id for p in preds]), references)
+    chair = chair_scores({p.image_id: coco_mentions(p.words) for p in preds}, objects)
+    for p in preds:
+        p.scores.update(chair.per_image[p.image_id])
+    return chair.overall
+
+
 def instance_correctness(preds: list[Prediction], instances: CocoInstances, model: Captioner) -> dict[str, Any]:
     """Attention correctness on the instance masks of the categories the generated words name."""
     return coco_attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
@@ -203,6 +215,8 @@ def evaluate_split(model: Captioner, dataset: CaptionDataset, ev: EvalSettings, 
     metrics = {**(before or {}), "split": ev.split, "beam_size": ev.beam_size,
                **score_predictions(preds, dataset, ev.metrics, ev.collapse_share), **(after or {})}
     sets = region_sets(dataset)
+    if instances is not None and "chair_mentions" not in metrics:  # CHAIR on COCO (`shapes` has its own objects)
+        metrics.update(coco_chair(preds, dataset, instances))
     if instances is not None and not sets:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
         metrics.update(instance_correctness(preds, instances, model))
     if sets and (ev.num_figures or ev.report or instances is not None):

@@ -11,8 +11,8 @@ and per caption CHAIR_i over its own mentions (0 without any) and CHAIR_s 0 or 1
 On `shapes` an object word is a shape noun (singular or plural) and the object it names is that shape, with its
 colour where the word just before it is a colour ("a red circle": a red circle; "the circle is red": a circle of
 any colour). The image's objects come from its annotation's `word_boxes`: each box of a shape noun is one object,
-whose colour is the colour word listing the same box. (COCO's synonym list and double-word rules are still to
-come: issue 46.)
+whose colour is the colour word listing the same box. On COCO the mentions and objects are
+`captioning.metrics.chair_coco`'s (Rohrbach et al.'s synonym list and double-word rules).
 """
 
 from __future__ import annotations

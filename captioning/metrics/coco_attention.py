@@ -35,6 +35,7 @@ from pycocotools import mask as mask_utils
 from captioning.base.jsonio import load_json
 from captioning.base.transforms import flat_steps
 from captioning.data.readers.coco_captions import coco_index
+from captioning.metrics.chair_coco import objects_of
 from captioning.metrics.coco_words import CATEGORY_WORDS, COCO_CATEGORY_IDS
 
 __all__ = ["WORD_CATEGORIES", "category_mentions", "View", "ViewGeometry", "full_image", "resize_center_crop",
@@ -220,6 +221,12 @@ class CocoInstances:
             raise ValueError(f"{len(missing)} image ids are not in {self.path} (e.g. {missing[:5]}); "
                              f"give the instances file of the split's images (instances_val2014.json for the "
                              f"Karpathy val/test splits)")
+
+    def categories(self, image_ids: Sequence[int]) -> dict[int, set[str]]:
+        """Each image's category names, every instance counted (crowd ones too): the objects CHAIR checks against."""
+        names = {int(c["id"]): str(c["name"]) for c in self._coco.cats.values()}
+        found = [(a["image_id"], a["category_id"]) for i in image_ids for a in self._coco.imgToAnns.get(i, [])]
+        return objects_of(names, self._coco.imgs, found, image_ids, self.path)
 
     def category_masks(self, image_id: int, category_ids: set[int]) -> dict[int, np.ndarray]:
         """{category id: (H, W) uint8 union of its instance masks} for the given categories present in the image."""

@@ -7,6 +7,12 @@ failure a clear error naming the file. Only the images in the results are scored
 
     captioning-score --annotations captions_val2014.json --results results.json
     captioning-score --annotations data/shapes/dataset_shapes.json --results outputs/<run>/results.json
+    captioning-score --annotations captions_val2014.json --instances instances_val2014.json --results r.json \
+        --metrics bleu,meteor,rouge,cider,chair
+
+`chair` adds object hallucination (CHAIR_i, CHAIR_s: captioning/metrics/chair.py): on COCO against each image's
+instance annotations (`--instances`) and the objects its references name, on `shapes` against the annotation
+file's own objects.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from captioning.base.files import write_text_atomic
 from captioning.cli import ArgumentParser, run_cli, writable_file
 
 # Text-only imports: references and metrics.coco need neither torch nor pycocotools (tests/tools/test_score_imports.py).
-from captioning.data.readers.references import load_references, load_results
+from captioning.data.readers.references import Annotations, load_results, read_annotations
+from captioning.metrics.chair import ChairScores, chair_scores, is_shapes_annotation, shapes_mentions, shapes_objects
+from captioning.metrics.chair_coco import caption_words, coco_mentions, coco_objects, instance_objects
 from captioning.metrics.coco import score_captions
 
 logger = logging.getLogger(__name__)
@@ -34,24 +42,46 @@ def _write(path: Path, text: str) -> None:
     write_text_atomic(path, text + "\n")
 
 
+def chair_of(results: dict[int, str], found: Annotations, instances: str | Path | None) -> ChairScores:
+    """CHAIR of the results: on `shapes` (a Karpathy file of `shapes` annotations) against each image's objects in
+    the file, else on COCO against `instances` and the objects the references name (refused without it)."""
+    records = {r.image_id: r for r in found.records or []}
+    if records and all(is_shapes_annotation(records[i].word_boxes) for i in results):
+        return chair_scores({i: shapes_mentions(caption_words(c)) for i, c in results.items()},
+                            {i: shapes_objects(records[i].word_boxes) for i in results})
+    if not instances:
+        raise ValueError("chair on COCO needs --instances (COCO's instance annotations of the captioned images, "
+                         "e.g. instances_val2014.json)")
+    objects = coco_objects(instance_objects(instances, results), found.references)
+    return chair_scores({i: coco_mentions(c) for i, c in results.items()}, objects)
+
+
 def score_files(annotations: str | Path, results: str | Path, metrics: Sequence[str] = ("bleu", "meteor", "rouge",
                 "cider"), tokenizer: str = "auto", out: str | Path | None = None,
-                per_image: str | Path | None = None, split: str = "test") -> dict[str, Any]:
+                per_image: str | Path | None = None, split: str = "test",
+                instances: str | Path | None = None) -> dict[str, Any]:
     """Score a results file against an annotation file (COCO, or a Karpathy file's `split`); writes the metrics
-    (and per-image scores) if asked."""
+    (and per-image scores) if asked. `chair` among the metrics adds CHAIR (`chair_of`; COCO needs `instances`)."""
     for path in (out, per_image):
         if path:
             writable_file(path)  # a read-only output fails now, not after the scoring
-    refs = load_references(annotations, split)
-    res = load_results(results, refs)
-    scores = score_captions(res, refs, metrics=metrics, tokenizer=tokenizer)
-    summary = {**scores.overall, "num_images": len(res), "tokenizer": scores.tokenizer}
-    if scores.skipped:
-        summary["skipped"] = scores.skipped
+    found = read_annotations(annotations, split)
+    res = load_results(results, found.references)
+    chair = chair_of(res, found, instances) if "chair" in metrics else None  # a missing file fails before scoring
+    caption_metrics = [m for m in metrics if m != "chair"]
+    scores = score_captions(res, found.references, metrics=caption_metrics, tokenizer=tokenizer) if caption_metrics \
+        else None
+    summary: dict[str, Any] = {**(scores.overall if scores else {}), **(chair.overall if chair else {}),
+                               "num_images": len(res)}
+    if scores:
+        summary["tokenizer"] = scores.tokenizer
+        if scores.skipped:
+            summary["skipped"] = scores.skipped
     if out:
         _write(Path(out), json.dumps(summary, indent=2))
     if per_image:
-        rows = [{"image_id": i, "caption": res[i], **s} for i, s in scores.per_image.items()]
+        rows = [{"image_id": i, "caption": c, **(scores.per_image[i] if scores else {}),
+                 **(chair.per_image[i] if chair else {})} for i, c in res.items()]
         _write(Path(per_image), json.dumps(rows, indent=1))
     return summary
 
@@ -66,14 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="references: a COCO caption file, or a Karpathy split file (dataset_*.json, see --split)")
     parser.add_argument("--split", default="test", help="the split of a Karpathy file to score against (default: test)")
     parser.add_argument("--results", required=True, help='results file: [{"image_id": ..., "caption": ...}]')
-    parser.add_argument("--metrics", default="bleu,meteor,rouge,cider", help="comma-separated; add spice if installed")
+    parser.add_argument("--metrics", default="bleu,meteor,rouge,cider",
+                        help="comma-separated; add spice if installed, chair for object hallucination (CHAIR_i, "
+                        "CHAIR_s; on COCO with --instances)")
+    parser.add_argument("--instances", help="COCO instance annotations of the captioned images (instances_val2014"
+                        ".json): the objects chair counts against, with those the references name")
     parser.add_argument("--tokenizer", default="auto", choices=["auto", "ptb-java", "python"])
     parser.add_argument("--out", help="also write the metrics JSON here")
     parser.add_argument("--per-image", help="write per-image scores (JSON) here")
     args = parser.parse_args(argv)
     metrics = [m for m in args.metrics.split(",") if m]
     summary = run_cli(lambda: score_files(args.annotations, args.results, metrics, args.tokenizer, args.out,
-                                          args.per_image, args.split), PROG, (ValueError, OSError, RuntimeError))
+                                          args.per_image, args.split, args.instances),
+                      PROG, (ValueError, OSError, RuntimeError))
     print(json.dumps(summary, indent=2))
     return 0
 
