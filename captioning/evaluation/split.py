@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.evaluation.outputs import write_outputs
+from captioning.evaluation.region_maps import paint_predictions, painted
 from captioning.metrics import (
     attention_correctness,
     caption_diversity,
@@ -143,8 +144,8 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
         out["skipped"] = scores.skipped
     recs = [dataset.records[p.index] for p in preds]
     sizes = [r.size for r in recs]
-    if region_sets(dataset):
-        logger.info("attention correctness is not computed for region sets: they carry no grid over the image")
+    if region_sets(dataset) and not painted(preds):
+        logger.info("attention correctness is not computed for region sets without boxes: no map over the image")
     elif all(r.word_boxes for r in recs) and all(size is not None for size in sizes):
         ac = attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
                                    [r.word_boxes for r in recs], cast(list[tuple[int, int]], sizes))
@@ -212,16 +213,18 @@ def evaluate_split(model: Captioner, dataset: CaptionDataset, ev: EvalSettings, 
     if preds is None:
         return None
     preds = list(preds)
+    # region sets with boxes: their weights painted over the image, before scoring reads them (region_maps.py)
+    sets = region_sets(dataset) and not paint_predictions(preds, dataset)
     metrics = {**(before or {}), "split": ev.split, "beam_size": ev.beam_size,
                **score_predictions(preds, dataset, ev.metrics, ev.collapse_share), **(after or {})}
-    sets = region_sets(dataset)
     if instances is not None and "chair_mentions" not in metrics:  # CHAIR on COCO (`shapes` has its own objects)
         metrics.update(coco_chair(preds, dataset, instances))
     if instances is not None and not sets:  # the mask-based measure replaces the box-based one (`shapes` word boxes)
         metrics.update(instance_correctness(preds, instances, model))
     if sets and (ev.num_figures or ev.report or instances is not None):
-        logger.warning("region sets carry no grid over the image: no attention figures, report page or attention "
-                       "correctness (their maps (T, 1, regions) are not drawn); metrics and results are written")
+        logger.warning("region sets without boxes carry no map over the image: no attention figures, report page or "
+                       "attention correctness (their maps (T, 1, regions) are not drawn); metrics and results are "
+                       "written")
     write_outputs(out_dir, preds, dataset, metrics, 0 if sets else ev.num_figures, selects_regions(model),
                   model.encoder.view, report=ev.report and not sets)
     return metrics

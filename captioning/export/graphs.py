@@ -24,6 +24,7 @@ from captioning.base.transforms import flat_steps
 from captioning.models.attention import HardAttention, core_of
 from captioning.models.captioner import Captioner
 from captioning.models.fused import plain_kernels
+from captioning.models.region_encoder import RegionFeatures
 
 Tree = int | list["Tree"]
 
@@ -116,6 +117,9 @@ class StepGraph(nn.Module):
 
 def refusal(model: Captioner) -> str | None:
     """Why this model cannot be exported (one line), or None."""
+    if isinstance(model.encoder, RegionFeatures):
+        return ("a model on region features (encoder=regions) has no image path, and an exported model starts from "
+                "the image: caption with the checkpoint on the regions (captioning-evaluate) instead")
     decoder = model.decoder
     for name in ("init_state", "step"):
         if not callable(getattr(decoder, name, None)):

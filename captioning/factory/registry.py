@@ -58,6 +58,7 @@ from captioning.models.monotonic import MonotonicAttention
 from captioning.models.multi_encoder import MultiEncoder, as_spec
 from captioning.models.multilevel import MultiLevelAttention
 from captioning.models.multirep import MultiRepAttention
+from captioning.models.region_encoder import RegionFeatures
 from captioning.training.objectives import CrossEntropy, SelfCritical
 
 
@@ -81,6 +82,7 @@ ENCODERS: dict[str, Callable[..., Encoder]] = {
     "vgg": VGGEncoder,
     "resnet": ResNetEncoder,
     "multi": multi_encoder,
+    "regions": RegionFeatures,
 }
 ATTENTIONS: dict[str, type[nn.Module]] = {
     "soft": SoftAttention,

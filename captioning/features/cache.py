@@ -41,8 +41,10 @@ from captioning.features.checks import (
     read_optional,
 )
 from captioning.features.fingerprint import check_frozen, fingerprint
+from captioning.features.regions import RegionCache, RegionFolder, is_region_cache, open_regions
 from captioning.models.encoder import Encoder
 from captioning.models.multi_encoder import as_spec
+from captioning.models.region_encoder import RegionFeatures
 
 
 class FeatureCache:
@@ -148,11 +150,20 @@ class StackedFeatures:
             c.require(records)
 
 
-def open_features(path: Any, encoder: Encoder, encoder_cfg: Mapping[str, Any]) -> FeatureCache | StackedFeatures | None:
+def open_features(path: Any, encoder: Encoder,
+                  encoder_cfg: Mapping[str, Any]) -> FeatureCache | StackedFeatures | RegionCache | RegionFolder | None:
     """The cache `dataset.features` names, checked against the model's encoder; None when it is not set. A list
-    names one cache per encoder of encoder=multi (each checked against its encoder), in its order."""
+    names one cache per encoder of encoder=multi (each checked against its encoder), in its order. encoder=regions
+    reads a region source (features/regions.py) of its width."""
+    if isinstance(encoder, RegionFeatures):
+        if not path or isinstance(path, (list, tuple, ListConfig)):
+            raise ValueError("encoder=regions needs dataset.features: one region cache (captioning-convert-regions) or "
+                             "folder of per-image npz files")
+        return open_regions(str(path), encoder.out_dim)
     if not path:
         return None
+    if not isinstance(path, (list, tuple, ListConfig)) and is_region_cache(str(path)):
+        raise ValueError(f"dataset.features={path} holds region features: they go with encoder=regions")
     paths = OmegaConf.to_container(path) if isinstance(path, ListConfig) else path
     if not isinstance(paths, (list, tuple)):
         return FeatureCache.open(cast(str, paths), encoder, encoder_cfg)

@@ -57,7 +57,7 @@ def one_error_line(err: str, script: str) -> str:
 
 
 def test_every_console_command_is_covered():
-    assert len(SCRIPTS) == 11 and set(HYDRA_APPS) <= set(SCRIPTS)
+    assert len(SCRIPTS) == 12 and set(HYDRA_APPS) <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))

@@ -171,7 +171,7 @@ def test_train_and_evaluate_on_region_sets(shapes_json, tmp_path, caplog):
         metrics = train(cfg, tmp_path)
     assert metrics["num_images"] == 12 and "CIDEr" in metrics and "attention_correctness" not in metrics
     assert json.loads((tmp_path / "metrics.json").read_text())["CIDEr"] == metrics["CIDEr"]
-    assert not list(tmp_path.glob("figures/*.png")) and "region sets carry no grid over the image" in caplog.text
+    assert not list(tmp_path.glob("figures/*.png")) and "region sets without boxes carry no map over the image" in caplog.text
     model, vocab, _ = load_model(tmp_path / "checkpoints" / "best.pt")  # decodes the sets as the run did
     ds = CaptionDataset(read_karpathy(shapes_json, "test"), vocab, transform=None, features=sets)
     preds = decode_split(model, ds, beam_size=3, max_len=20, batch_size=5, progress=False)
