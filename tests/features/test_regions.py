@@ -195,7 +195,7 @@ def test_a_folder_of_npz_files_is_read_with_its_sibling_boxes(regions, shapes_js
 
 
 @pytest.mark.parametrize("form", ["tsv", "npz"])
-def test_a_model_on_region_features_trains_evaluates_and_refuses_export(form, regions, shapes_json, tmp_path):
+def test_a_model_on_region_features_trains_evaluates_and_refuses_export(form, regions, shapes_json, tmp_path, capsys):
     from fixtures import compose_config
 
     from captioning.evaluate import evaluate
@@ -220,6 +220,15 @@ def test_a_model_on_region_features_trains_evaluates_and_refuses_export(form, re
     again = evaluate(compose_config(f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}", "eval.metrics=[bleu]",
                                     name="evaluate"), tmp_path / "eval")
     assert again["Bleu_4"] == metrics["Bleu_4"]
+    if form == "npz":  # captioning image files: one line
+        from captioning.tools.caption import main as caption_main
+
+        image = read_karpathy(shapes_json, "test")[0].path
+        with pytest.raises(SystemExit) as exit_:
+            caption_main([str(image), "--checkpoint", str(tmp_path / "run/checkpoints/best.pt")])
+        assert exit_.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
+        assert last.startswith("captioning-caption: error: encoder=regions reads region")
 
 
 def test_region_weights_are_painted_on_their_boxes_keeping_their_sum():
@@ -258,3 +267,19 @@ def test_evaluation_on_regions_with_boxes_draws_figures_and_scores_attention_cor
         first = maps[maps.files[0]]
     assert first.shape[1:] == (REGION_GRID, REGION_GRID)
     np.testing.assert_allclose(first.sum((1, 2)), 1.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["updown", "att2in", "att2all", "aoa", "m2", "transformer", "fc"])
+def test_the_bottom_up_presets_are_their_grid_presets_on_regions(name):
+    """experiment=coco_<name>_bu: the same model and training as coco_<name>, on 2048-wide region features."""
+    from fixtures import compose_config
+    from omegaconf import OmegaConf
+
+    grid, bu = compose_config(f"experiment=coco_{name}"), compose_config(f"experiment=coco_{name}_bu")
+    assert OmegaConf.to_container(bu.encoder) == {"_target_": "regions", "dim": 2048}
+    assert str(bu.dataset.features).endswith("coco/regions") and grid.encoder.arch == "resnet101"
+    for key in ("attention", "decoder", "optim", "scheduler", "objective", "trainer"):
+        same, other = (OmegaConf.to_container(c.get(key), resolve=True) for c in (grid, bu))
+        if key == "decoder" and name in ("m2", "transformer"):  # the grid's positions; the regions are a set
+            assert (same.pop("region_positions"), other.pop("region_positions")) == ("sinusoidal", "none")
+        assert same == other, key
