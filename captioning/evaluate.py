@@ -1,18 +1,26 @@
 """Decode a split and score it as coco-caption does: `captioning-evaluate checkpoint=PATH [overrides]`.
 
+`checkpoint=[a.pt,b.pt,...]` evaluates a test-time ensemble (captioning/models/ensemble.py): the models decode
+together in the one beam search with the mean of their word probabilities (`ensemble.mean=prob`) or of their
+log-probabilities (`ensemble.mean=logprob`), from the images (each model through its own encoder), on the first
+checkpoint's data set, with the attention maps of model `ensemble.maps_from`; metrics.json names the checkpoints.
+
 At module level only Hydra and the light helpers are imported: torch and the models load when the evaluation
 starts, so `--help`, a misspelt override or a checkpoint that is missing or no checkpoint answer at once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from captioning.base.lock import LOCK_NAME, FolderLock
 from captioning.checkpoint import check_checkpoint_file
@@ -22,14 +30,26 @@ from captioning.config.overrides import check_overrides
 from captioning.runtime import CONF_DIR
 
 PROG = "captioning-evaluate"
+logger = logging.getLogger(__name__)
 
 
-def eval_dir(checkpoint: str, split: str, beam_size: int) -> str:
+def checkpoint_list(checkpoint: Any) -> list[str]:
+    """The checkpoints `checkpoint=` names: one path, or a list of them (an ensemble)."""
+    if isinstance(checkpoint, (list, tuple, ListConfig)):
+        return [str(p) for p in checkpoint]
+    return [str(checkpoint)]
+
+
+def eval_dir(checkpoint: str | Sequence[str], split: str, beam_size: int, mean: str = "") -> str:
     """Where an evaluation writes by default: next to the checkpoint's run, <run>/eval/<split>-beam<K>-<name>
-    (a checkpoint outside a run's checkpoints/ folder: <its folder>/eval/...)."""
-    path = Path(checkpoint).absolute()
-    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    return str(run / "eval" / f"{split}-beam{beam_size}-{path.stem}")
+    (a checkpoint outside a run's checkpoints/ folder: <its folder>/eval/...). An ensemble of N checkpoints writes
+    next to the first one's run, <split>-beam<K>-ensemble<N>-<mean>-<8 hex digits of its checkpoints' paths>."""
+    paths = [Path(p).absolute() for p in checkpoint_list(checkpoint)] or [Path("none")]
+    run = paths[0].parent.parent if paths[0].parent.name == "checkpoints" else paths[0].parent
+    if len(paths) == 1:
+        return str(run / "eval" / f"{split}-beam{beam_size}-{paths[0].stem}")
+    digest = hashlib.sha256("\n".join(map(str, paths)).encode()).hexdigest()[:8]
+    return str(run / "eval" / f"{split}-beam{beam_size}-ensemble{len(paths)}-{mean}-{digest}")
 
 
 OmegaConf.register_new_resolver("eval_dir", eval_dir, replace=True)  # used by conf/evaluate.yaml's hydra.run.dir
@@ -42,26 +62,33 @@ def validate_evaluate_config(cfg: DictConfig) -> None:
     from captioning.config import validate_evaluate_config as validate
 
     validate(cfg)
-    check_checkpoint_file(cfg.checkpoint)
+    for path in checkpoint_list(cfg.checkpoint):
+        check_checkpoint_file(path)
 
 
 def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Load a checkpoint, decode a split of its data set and write the scores; returns the metrics."""
     from captioning.evaluation.split import EvalSettings, evaluate_split, load_instances
     from captioning.factory.datasets import build_datasets
-    from captioning.factory.load import load_model
+    from captioning.factory.load import load_ensemble
     from captioning.features.cache import open_features
     from captioning.models.captioner import compile_decoding, select_attention_map
+    from captioning.models.ensemble import members_of
     from captioning.runtime import resolve_device
 
     validate_evaluate_config(cfg)  # a typo, bad value or missing checkpoint fails here, naming the key
     device = resolve_device(cfg.device)
     ev = EvalSettings.of(cfg.eval)
-    model, vocab, ckpt = load_model(cfg.checkpoint, map_location=device)
-    compile_decoding(model, ev.compile)
-    select_attention_map(model, ev.attention_layer, ev.attention_head)
+    paths = checkpoint_list(cfg.checkpoint)
+    model, vocab, ckpt = load_ensemble(paths, device, cfg.ensemble.mean, int(cfg.ensemble.maps_from))
+    for member in members_of(model):
+        compile_decoding(member, ev.compile)
+    select_attention_map(model, ev.attention_layer, ev.attention_head)  # an ensemble: of model ensemble.maps_from
     train_cfg = OmegaConf.create(ckpt["config"])
     dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
+    ensemble = len(members_of(model)) > 1
+    if ensemble:
+        dataset_cfg = from_images(dataset_cfg)
     features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])
     with FolderLock(out_dir, "evaluation"):  # one evaluation writes into a folder at a time
         # A dataset section taken from the checkpoint writes nothing but a generated data set under data_dir.
@@ -69,9 +96,26 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
                                  features=features, checkpoint_data=within)
         instances = load_instances(ev.instances, data[ev.split])  # a wrong file fails before the long decode
-        metrics = evaluate_split(model, data[ev.split], ev, out_dir, instances)
+        before = {"checkpoints": [str(Path(p).absolute()) for p in paths], "ensemble_mean": cfg.ensemble.mean,
+                  "ensemble_maps_from": int(cfg.ensemble.maps_from)} if ensemble else None
+        metrics = evaluate_split(model, data[ev.split], ev, out_dir, instances, before=before)
     assert metrics is not None  # one process decodes and scores the whole split
     return metrics
+
+
+def from_images(dataset_cfg: DictConfig) -> DictConfig:
+    """An ensemble's data set section: its images, never a feature cache (which holds one encoder's annotations,
+    while each model of an ensemble encodes the images with its own encoder)."""
+    if not dataset_cfg.get("features"):
+        return dataset_cfg
+    root = dataset_cfg.get("image_root")
+    if not root or not Path(str(root)).is_dir():
+        raise ValueError(f"an ensemble decodes from the images (each model through its own encoder), not from the "
+                         f"feature cache dataset.features={dataset_cfg.features}, but dataset.image_root={root} is "
+                         "no folder: give the data set with its images (dataset=NAME dataset.image_root=DIR)")
+    logger.info("an ensemble decodes from the images in %s: the feature cache %s (one encoder's annotations) is "
+                "not read", root, dataset_cfg.features)
+    return OmegaConf.create({**cast(dict, OmegaConf.to_container(dataset_cfg, resolve=True)), "features": None})
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
@@ -92,7 +136,8 @@ def main() -> None:
     args = sys.argv[1:]
     asks_help = bool({*HELP_FLAGS, "--hydra-help"} & set(args))
     if not any(a.lstrip("+").startswith("checkpoint=") for a in args) and not asks_help:
-        fail(PROG, "give checkpoint=PATH (a best.pt or last.pt of captioning-train); see captioning-evaluate --help")
+        fail(PROG, "give checkpoint=PATH (a best.pt or last.pt of captioning-train), or checkpoint=[A,B,...] for an "
+             "ensemble; see captioning-evaluate --help")
     # typos, bad values, a missing checkpoint: one line, before Hydra makes the output folder
     run_cli(lambda: check_overrides(args, CONF_DIR, "evaluate", validate_evaluate_config), PROG)
     hydra_main()

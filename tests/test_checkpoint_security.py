@@ -153,7 +153,7 @@ def test_load_model_refuses_a_foreign_target_and_runs_nothing(good_checkpoint, t
 def test_the_error_lists_the_project_classes(good_checkpoint, tmp_path):
     bad = _edited(good_checkpoint, tmp_path / "bad.pt", _replace("encoder", _payload("os.makedirs", tmp_path / "m")))
     with pytest.raises(UnsafeCheckpointError, match=r"checkpoint .*bad\.pt: model\.encoder\._target_ 'os\.makedirs' is "
-                       r"not one of this project's encoders \(small_cnn, vgg, resnet, multi\); refusing to load it"):
+                       r"not one of this project's encoders \(small_cnn, vgg, resnet, multi, regions\); refusing to load it"):
         load_model(bad)
 
 

@@ -3,8 +3,13 @@
 A run's values come from its config (conf/eval/default.yaml's beam_size and max_len, the same numbers:
 tests/config/test_one_default_per_fact.py holds the two together); `Captioner.generate`,
 `captioning.load(...).caption`, the exported-model runner and the commands' --beam-size / --max-len read these.
-Plain ints, no imports: the torch-free runner (captioning/export/runner.py) reads them too.
+Plain values, nothing but `typing` imported: the torch-free runner (captioning/export/runner.py) reads them too.
 """
+
+from typing import Final
 
 BEAM_SIZE = 3  # hypotheses kept per image by beam search (1: greedy decoding)
 MAX_LEN = 20  # most words of a decoded caption (its <end> not counted)
+# how a test-time ensemble mixes its models' words (conf/evaluate.yaml's ensemble.mean, the same value): the mean of
+# their probabilities ("prob"), or of their log-probabilities ("logprob"); captioning/models/ensemble.py
+ENSEMBLE_MEAN: Final = "prob"

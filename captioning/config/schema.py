@@ -83,7 +83,7 @@ class EvalConfig(TypedDict):
     num_figures: Count
     report: bool  # write report.html and attention.npz
     compile: NotRequired[bool]  # torch.compile the decoding step
-    instances: str | None  # COCO instances file for mask-based attention correctness
+    instances: str | None  # COCO instances file: mask-based attention correctness and CHAIR on COCO
     attention_layer: NotRequired[int | None]  # decoder=transformer: the cross-attention layer figures read
     attention_head: NotRequired[Annotated[int | None, Range(ge=0)]]  # ... and one head of it (null: their mean)
     collapse_share: NotRequired[Annotated[float, Range(ge=0, le=1)]]  # one caption for more of the images: said
@@ -125,12 +125,20 @@ class TrainConfig(TypedDict):
     eval: EvalConfig
 
 
+class EnsembleConfig(TypedDict):
+    """ensemble: how the models of `checkpoint=[A,B,...]` decode together (captioning/models/ensemble.py)."""
+
+    mean: Literal["prob", "logprob"]  # of the models' word probabilities, or of their log-probabilities
+    maps_from: Annotated[int, Range(ge=0)]  # the model whose attention maps are kept (its place in the list)
+
+
 class EvaluateConfig(TypedDict):
     """conf/evaluate.yaml after composition: what `captioning-evaluate` runs."""
 
-    checkpoint: str
+    checkpoint: str | list[str]  # a list: a test-time ensemble
     device: Device
     data_dir: str
+    ensemble: EnsembleConfig
     eval: EvalConfig
     dataset: NotRequired[DatasetConfig | None]  # another data set than the checkpoint's (dataset=NAME)
 
@@ -197,8 +205,20 @@ def _train_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
 @rules_for(EvaluateConfig)
 def _evaluate_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
     yield from _device_rules(v)
-    if isinstance(v.get("checkpoint"), str) and v["checkpoint"] != "???" and not Path(v["checkpoint"]).is_file():
-        yield "checkpoint", f"={v['checkpoint']!r}: checkpoint not found; give checkpoint=PATH to a .pt file"
+    checkpoint = v.get("checkpoint")
+    if isinstance(checkpoint, str) and checkpoint != "???" and not Path(checkpoint).is_file():
+        yield "checkpoint", f"={checkpoint!r}: checkpoint not found; give checkpoint=PATH to a .pt file"
+    if not isinstance(checkpoint, list):
+        return
+    if not checkpoint:
+        yield "checkpoint", "=[]: an ensemble needs at least one checkpoint; give checkpoint=[A,B] or checkpoint=PATH"
+    for i, path in enumerate(checkpoint):
+        if isinstance(path, str) and not Path(path).is_file():
+            yield f"checkpoint[{i}]", f"={path!r}: checkpoint not found; give each checkpoint's .pt file"
+    maps_from = (v.get("ensemble") or {}).get("maps_from")
+    if checkpoint and isinstance(maps_from, int) and maps_from >= len(checkpoint):
+        yield "ensemble.maps_from", (f"={maps_from}: names no model of the {len(checkpoint)} checkpoints; give 0 to "
+                                     f"{len(checkpoint) - 1}, the model whose attention maps are kept")
 
 
 # -- keys of the shipped YAML files ----------------------------------------------------------------------

@@ -41,6 +41,7 @@ from captioning.export.runner import Runner
 from captioning.factory.load import load_model
 from captioning.models.attention import HardAttention, core_of
 from captioning.models.captioner import Captioner
+from captioning.models.ensemble import Ensemble
 
 EXAMPLE_ROWS, CHECK_ROWS = 2, (1, 3)  # 2: torch.export treats sizes 0 and 1 as constants
 TOLERANCE = 1e-4  # on every output, relative to its largest magnitude (float32 rounding is ~1e-7)
@@ -208,6 +209,9 @@ def export_model(model: Captioner, vocab: Vocabulary, out: str | os.PathLike, ba
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown export format {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if isinstance(model, Ensemble):
+        raise ValueError("an ensemble cannot be exported (ONNX or TorchScript): its graphs hold one model; export "
+                         "each checkpoint alone")
     was_training = model.training
     model.eval()  # dropout off, hard attention in its test mode: the model's captions
     try:

@@ -4,16 +4,19 @@ project's classes, with arguments of their constructors) before anything is buil
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from captioning.base.decoding import ENSEMBLE_MEAN
 from captioning.checkpoint import check_weights, checkpoint_vocabulary, read_checkpoint
 from captioning.checkpoint.moved import upgrade_config
 from captioning.data.vocab import Vocabulary
 from captioning.factory.models import build_captioner
 from captioning.factory.registry import ModelSpecError, check_data, group_at, resolve
 from captioning.models.captioner import Captioner
+from captioning.models.ensemble import Ensemble, EnsembleMean
 
 MODEL_GROUPS = ("encoder", "attention", "decoder")
 
@@ -94,6 +97,43 @@ def load_model(path: str | os.PathLike,
     model.load_state_dict(weights)  # check_weights: the same keys, shapes and dtypes
     model.to(map_location).eval()
     return model, vocab, ckpt
+
+
+def load_ensemble(paths: Sequence[str | os.PathLike], map_location: str | torch.device = "cpu",
+                  mean: EnsembleMean = ENSEMBLE_MEAN,
+                  maps_from: int = 0) -> tuple[Captioner, Vocabulary, dict[str, Any]]:
+    """The models of several checkpoints decoding as one (`captioning.models.ensemble`); returns the model, the
+    shared vocabulary and the first checkpoint (whose data set an evaluation reads). One checkpoint is its own model,
+    as `load_model` gives it.
+
+    Each checkpoint is loaded and checked as by `load_model`; one whose vocabulary is not the first's, word for word,
+    is refused in one line (ValueError), and so are an empty list and models an ensemble cannot join (`Ensemble`).
+    """
+    if not paths:
+        raise ValueError("an ensemble needs at least one checkpoint: checkpoint=[a.pt,b.pt]")
+    models, vocab, first = [], None, None
+    for path in paths:
+        model, own, ckpt = load_model(path, map_location)
+        if vocab is None:
+            vocab, first = own, ckpt
+        elif own.itos != vocab.itos:
+            raise ValueError(vocabulary_difference(paths[0], vocab, path, own))
+        models.append(model)
+    assert vocab is not None and first is not None
+    if len(models) == 1 and maps_from == 0:
+        return models[0], vocab, first
+    return Ensemble(models, mean, maps_from).eval(), vocab, first
+
+
+def vocabulary_difference(path: str | os.PathLike, vocab: Vocabulary, other_path: str | os.PathLike,
+                          other: Vocabulary) -> str:
+    """One line saying how two checkpoints' vocabularies differ, and that an ensemble needs one vocabulary."""
+    at = next((i for i, (w, v) in enumerate(zip(vocab.itos, other.itos)) if w != v), min(len(vocab), len(other)))
+    word = other.itos[at] if at < len(other) else "(none)"
+    mine = vocab.itos[at] if at < len(vocab) else "(none)"
+    return (f"checkpoint {other_path} has another vocabulary than {path} ({len(other)} vs {len(vocab)} words; word "
+            f"{at} is {word!r} vs {mine!r}): an ensemble's models must share one vocabulary (train them on the same "
+            "data set with the same vocabulary settings)")
 
 
 def _build(model_cfg: dict[str, Any], vocab_size: int, path: str | os.PathLike) -> Captioner:

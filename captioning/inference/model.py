@@ -26,11 +26,12 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from captioning.base.decoding import BEAM_SIZE, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, ENSEMBLE_MEAN, MAX_LEN
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
-from captioning.factory.load import load_model
+from captioning.factory.load import load_ensemble, load_model
 from captioning.models.captioner import Captioner, reports_sentinel, select_attention_map, selects_regions
+from captioning.models.ensemble import EnsembleMean
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
 from captioning.runtime import resolve_device
 
@@ -172,11 +173,19 @@ class CaptionModel:
                               sentinel=result.sentinel)
 
 
-def load(checkpoint: str | os.PathLike, device: str = "auto") -> CaptionModel:
+def load(checkpoint: str | os.PathLike | Sequence[str | os.PathLike], device: str = "auto",
+         ensemble_mean: EnsembleMean = ENSEMBLE_MEAN, maps_from: int = 0) -> CaptionModel:
     """The model of a checkpoint (`best.pt` of a run), ready to caption on `device` ("auto": CUDA if available).
 
+    A list of checkpoints sharing one vocabulary is a test-time ensemble (captioning/models/ensemble.py): one beam
+    search over the mean of the models' word probabilities (`ensemble_mean="prob"`) or log-probabilities
+    ("logprob"), each model encoding the images itself (their input transforms must be the same); the attention
+    maps are model `maps_from`'s. A list of one checkpoint is that checkpoint's model.
     A checkpoint is data, never code (SECURITY.md): a file naming anything but this project's classes is refused.
     """
     dev = resolve_device(device)
-    model, vocab, ckpt = load_model(checkpoint, map_location=dev)
+    if isinstance(checkpoint, (str, os.PathLike)):
+        model, vocab, ckpt = load_model(checkpoint, map_location=dev)
+    else:
+        model, vocab, ckpt = load_ensemble(list(checkpoint), dev, ensemble_mean, maps_from)
     return CaptionModel(model, vocab, dev, ckpt)

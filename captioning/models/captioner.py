@@ -13,7 +13,7 @@ from captioning.base.decoding import BEAM_SIZE, MAX_LEN
 from captioning.models.attention import HardAttention, core_of
 from captioning.models.decoded import Decoded
 from captioning.models.decoders.base import Decoder, DecoderOutput
-from captioning.models.decoding import beam_search, greedy_decode
+from captioning.models.decoding import decode
 from captioning.models.encoder import Encoder
 
 logger = logging.getLogger(__name__)
@@ -74,10 +74,7 @@ class Captioner(nn.Module):
         With n_best > 1 the beam search also returns up to n_best alternatives per image (`Decoded.alternatives`).
         """
         a, grid = self.encode(images, mask)  # (B, L, D)
-        if beam_size == 1 and length_penalty == 0 and n_best == 1:  # beam_search's captions, without the pool
-            return greedy_decode(self.decoder, a, max_len, mask=mask, grid=grid), grid
-        return beam_search(self.decoder, a, beam_size, max_len, length_penalty, mask=mask, grid=grid,
-                           n_best=n_best), grid
+        return decode(self.decoder, a, beam_size, max_len, length_penalty, n_best, mask, grid), grid
 
 
 class CompiledStep:

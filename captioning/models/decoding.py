@@ -25,7 +25,8 @@ from captioning.models.rows import live_rows, map_state, repeat_rows, select_row
 class StepDecoder(Protocol):
     """What decoding needs from a decoder: per-image keys, an initial state and one step.
 
-    The state may be any tuple (nested or not) of tensors whose first dim is the row (image or beam). A decoder
+    The state, and the keys `attention.prepare` gives, may be any tuple (nested or not) of tensors whose first dim is
+    the row (image or beam): an ensemble's hold each model's (captioning/models/ensemble.py). A decoder
     whose `rows_share_images` is true also accepts a, keys and mask with one row per image while the state holds
     k consecutive rows per image (beam search then never copies them k times).
     """
@@ -35,7 +36,7 @@ class StepDecoder(Protocol):
 
     def init_state(self, a: torch.Tensor, mask: torch.Tensor | None = None) -> Any: ...
 
-    def step(self, words: torch.Tensor, state: Any, a: torch.Tensor, keys: torch.Tensor,
+    def step(self, words: torch.Tensor, state: Any, a: torch.Tensor, keys: Any,
              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Any, AttentionOutput]: ...
 
 
@@ -230,6 +231,15 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
         decoded.alternatives = _alternatives(decoded, out[3:], tokens[:steps], parents[:steps], alphas[:steps],
                                              best_len, best_beam, L)
     return decoded
+
+
+def decode(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: int, length_penalty: float = 0.0,
+           n_best: int = 1, mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
+    """Greedy decoding where it gives beam search's captions without the pool (beam 1, no length penalty, one
+    caption), else beam search: what every captioner's `generate` runs."""
+    if beam_size == 1 and length_penalty == 0 and n_best == 1:
+        return greedy_decode(decoder, a, max_len, mask=mask, grid=grid)
+    return beam_search(decoder, a, beam_size, max_len, length_penalty, mask=mask, grid=grid, n_best=n_best)
 
 
 def _merge_pool(pool: list[torch.Tensor], raw: torch.Tensor, length: int, lp: float) -> list[torch.Tensor]:

@@ -67,6 +67,7 @@ def live_rows(keep: torch.Tensor, k: int) -> torch.Tensor:
     return (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).view(-1)
 
 
-def select_rows(index: torch.Tensor, *tensors: torch.Tensor | None) -> list[Any]:
-    """These rows of each tensor (None stays None)."""
-    return [None if x is None else x.index_select(0, index) for x in tensors]
+def select_rows(index: torch.Tensor, *tensors: Any) -> list[Any]:
+    """These rows of each tensor, or of every tensor in (nested) tuples of them, as an ensemble's keys hold one
+    (a, keys) per model (None stays None)."""
+    return [map_state(lambda x: x.index_select(0, index), x) for x in tensors]
