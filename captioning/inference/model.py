@@ -32,6 +32,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.factory.load import load_ensemble, load_model
 from captioning.models.captioner import Captioner, reports_sentinel, select_attention_map, selects_regions
 from captioning.models.ensemble import EnsembleMean
+from captioning.models.region_encoder import NO_IMAGES, RegionFeatures
 from captioning.reporting.figures import attention_figure, chosen_regions, plot_attention, upsample_attention
 from captioning.runtime import resolve_device
 
@@ -186,6 +187,8 @@ def load(checkpoint: str | os.PathLike | Sequence[str | os.PathLike], device: st
     dev = resolve_device(device)
     if isinstance(checkpoint, (str, os.PathLike)):
         model, vocab, ckpt = load_model(checkpoint, map_location=dev)
+        if isinstance(model.encoder, RegionFeatures):  # it reads a data set's region features, not images
+            raise ValueError(NO_IMAGES)
     else:
         model, vocab, ckpt = load_ensemble(list(checkpoint), dev, ensemble_mean, maps_from)
     return CaptionModel(model, vocab, dev, ckpt)
