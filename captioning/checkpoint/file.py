@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from captioning.base.files import atomic_file
+from captioning.data.tokenizers import CAPTION_TOKENIZERS, DEFAULT_TOKENIZER
 from captioning.data.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -126,12 +127,19 @@ def load_same_model(path: str | os.PathLike, model: Captioner, vocab: Vocabulary
 
 
 def checkpoint_vocabulary(ckpt: dict[str, Any], path: str | os.PathLike) -> Vocabulary:
-    """The checkpoint's vocabulary: a list of distinct strings starting with the special tokens."""
+    """The checkpoint's vocabulary: a list of distinct strings starting with the special tokens, with the tokenizer
+    its words were made by (the stored dataset.tokenizer; ptb where the config names none, as before the choice)."""
     words = ckpt.get("vocab")
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise ValueError(f"checkpoint {path}: its vocabulary is not a list of words")
+    config = ckpt.get("config")
+    dataset = config.get("dataset") if isinstance(config, dict) else None
+    tokenizer = dataset.get("tokenizer", DEFAULT_TOKENIZER) if isinstance(dataset, dict) else DEFAULT_TOKENIZER
+    if tokenizer not in CAPTION_TOKENIZERS:
+        raise ValueError(f"checkpoint {path}: dataset.tokenizer={tokenizer!r} names no tokenizer of "
+                         f"{', '.join(CAPTION_TOKENIZERS)}")
     try:
-        return Vocabulary(words)
+        return Vocabulary(words, tokenizer)
     except ValueError as err:
         raise ValueError(f"checkpoint {path}: {err}") from None
 

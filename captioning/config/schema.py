@@ -36,6 +36,7 @@ from captioning.base.signature import file_parameters
 
 # ConfigError is what validate_*_config raise, importable from here next to them.
 from captioning.config.check import ConfigError, Target, extra_keys_for, rules_for, validate  # noqa: F401
+from captioning.data.tokenizers import DEFAULT_TOKENIZER, CaptionTokenizer
 from captioning.metrics.names import VALID_METRICS
 from captioning.runtime import CONF_DIR, device_problem
 
@@ -58,6 +59,7 @@ class DatasetConfig(TypedDict):
     image_root: str | None
     generate: Target | None  # a registered data set generator (e.g. build_shapes), run before reading
     reader: Target  # a registered reader, called with the splits to read
+    tokenizer: NotRequired[CaptionTokenizer]  # how captions become words (data/tokenizers.py); readers take it
     features: str | list[str] | None  # a feature cache folder (captioning-extract-features); encoder=multi: one each
     prepared: NotRequired[str | None]  # where prepared captions are kept (data/prepared/store.py); null: none
     min_word_freq: Positive
@@ -146,9 +148,15 @@ class EvaluateConfig(TypedDict):
 # -- cross-key rules ---------------------------------------------------------------------------------
 @rules_for(DatasetConfig)
 def _dataset_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
-    """The files a data set that is not generated reads, and its image (or feature) folder, must exist."""
+    """The files a data set that is not generated reads, and its image (or feature) folder, must exist; its reader
+    splits captions by dataset.tokenizer."""
     if v.get("batch_unit") == "captions" and v.get("captions_per_image") is not None:
         yield "captions_per_image", "must be null with batch_unit=captions (every caption is its own item)"
+    split_by = v["reader"].get("tokenizer", DEFAULT_TOKENIZER) if isinstance(v.get("reader"), dict) else None
+    chosen = v.get("tokenizer", DEFAULT_TOKENIZER)
+    if split_by is not None and split_by != chosen:
+        yield "reader.tokenizer", (f"={split_by!r} differs from dataset.tokenizer={chosen!r}: set dataset.tokenizer "
+                                   "only (a reader's YAML takes it: tokenizer: ${..tokenizer})")
     if v.get("generate") is not None:  # its files are written by the generate step
         return
     from captioning.factory import registry  # the readers (and the models: torch), only for a data set's files

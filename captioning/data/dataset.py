@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from captioning.data.images import ImageError, load_image
 from captioning.data.prepared.arrays import SplitView, caption_counts, caption_lengths
 from captioning.data.readers.records import ImageRecord
+from captioning.data.tokenizers import DEFAULT_TOKENIZER
 from captioning.data.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ class CaptionDataset(Dataset):
     With `cache_images` each image is read and transformed once and then kept in memory (4 bytes per value of the
     transformed image: 48 kB per 64 px `shapes` image, 600 kB at 224 px), for small data sets read every epoch; the
     encoders' transforms are deterministic, so the items are the same. Unreadable images are not kept (read again,
-    counted again). Each DataLoader worker keeps its own copy.
+    counted again). Each DataLoader worker keeps its own copy. `tokenizer` is the rule its records' captions were
+    split by (dataset.tokenizer), which scoring and the SCST rewards split by too.
     """
 
     def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, transform: Callable, max_len: int = 20,
@@ -56,6 +58,10 @@ class CaptionDataset(Dataset):
                  cache_images: bool = False):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")
+        self.tokenizer = records[0].tokenizer if len(records) else DEFAULT_TOKENIZER  # one reader, one rule
+        if vocab.tokenizer is not None and vocab.tokenizer != self.tokenizer:
+            raise ValueError(f"the vocabulary (a checkpoint's) was made with dataset.tokenizer={vocab.tokenizer}, this "
+                             f"data set's captions with {self.tokenizer}: set dataset.tokenizer={vocab.tokenizer}")
         self.vocab, self.transform, self.max_len = vocab, transform, max_len
         self.captions_per_image, self.features = captions_per_image, features
         self.cached: dict[int, torch.Tensor] | None = {} if cache_images and features is None else None

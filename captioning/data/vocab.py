@@ -40,15 +40,20 @@ def tokenize(text: str) -> list[str]:
 
 
 class Vocabulary:
-    """Maps words to ids and back; ids 0..3 are <pad>, <start>, <end>, <unk>."""
+    """Maps words to ids and back; ids 0..3 are <pad>, <start>, <end>, <unk>.
 
-    def __init__(self, words: Sequence[str]):
+    `tokenizer`: the rule its words were made by (dataset.tokenizer), where known: a checkpoint's vocabulary names it
+    (captioning/checkpoint/file.py) and a data set of captions made by another rule refuses it (CaptionDataset). It
+    takes no part in equality: two vocabularies are equal when their words are."""
+
+    def __init__(self, words: Sequence[str], tokenizer: str | None = None):
         if tuple(words[: len(SPECIALS)]) != SPECIALS:
             raise ValueError(f"a vocabulary must start with the special tokens {SPECIALS}, got {list(words[:4])}")
         if len(set(words)) != len(words):
             raise ValueError("a vocabulary must not list a word twice")
         self.itos: list[str] = list(words)
         self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
+        self.tokenizer = tokenizer
 
     pad_id, start_id, end_id, unk_id = PAD_ID, START_ID, END_ID, UNK_ID
 

@@ -135,7 +135,7 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
     """
     candidates = {p.image_id: p.caption for p in preds}
     references = {dataset.records[p.index].image_id: dataset.records[p.index].raw for p in preds}
-    scores = score_captions(candidates, references, metrics=metrics)
+    scores = score_captions(candidates, references, metrics=metrics, tokenizer=dataset.tokenizer)
     for p in preds:
         p.scores = dict(scores.per_image[p.image_id])
     out: dict[str, Any] = dict(scores.overall)

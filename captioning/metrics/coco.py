@@ -16,7 +16,11 @@ Behaviour worth knowing:
   evaluates ``imgIds = cocoRes.getImgIds()``).
 * ``tokenizer="auto"`` uses the Java PTB tokenizer when ``java`` is on the PATH, otherwise the
   pure-Python re-implementation in :mod:`captioning.metrics.tokenizer` (which gives the same tokens on
-  caption text; see its docstring for the exotic differences).  ``"ptb-java"`` / ``"python"`` force one.
+  caption text; see its docstring for the exotic differences).  ``"ptb-java"`` / ``"python"`` force one;
+  ``"ptb"`` (the name ``dataset.tokenizer`` gives it) is ``"auto"``.
+* ``tokenizer="whitespace"`` / ``"char"``: captions in other languages, split by the data set's own rule
+  (:mod:`captioning.metrics.languages`, the rule that made the vocabulary) instead of PTB; METEOR and SPICE, which
+  are English-only, are then skipped with that reason.
 * METEOR runs in Java; without Java it is skipped and the reason is recorded in
   :attr:`CaptionScores.skipped` (never silently dropped).  The METEOR subprocess is always shut down
   after use, also when scoring fails.
@@ -46,6 +50,7 @@ from typing import Any
 from captioning.metrics.cider import CiderD
 from captioning.metrics.fast_scores import bleu, rouge_l
 from captioning.metrics.java import java_ptb_tokenize, java_score
+from captioning.metrics.languages import ENGLISH_ONLY, LANGUAGE_TOKENIZERS, english_only, split_captions
 from captioning.metrics.names import VALID_METRICS
 from captioning.metrics.tokenizer import ptb_tokenize
 
@@ -53,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CaptionScores", "score_captions", "VALID_METRICS", "TOKENIZERS"]
 
-TOKENIZERS = ("auto", "ptb-java", "python")
+TOKENIZERS = ("auto", "ptb", "ptb-java", "python", *LANGUAGE_TOKENIZERS)
 
 @dataclass
 class CaptionScores:
@@ -61,7 +66,7 @@ class CaptionScores:
 
     overall: dict[str, float]  # keys among Bleu_1..Bleu_4, METEOR, ROUGE_L, CIDEr, SPICE
     per_image: dict[Any, dict[str, float]]  # keyed by the caller's image ids
-    tokenizer: str  # "ptb-java" or "python"
+    tokenizer: str  # "ptb-java" or "python" (the PTB tokenizer), or a language tokenizer: "whitespace", "char"
     skipped: dict[str, str] = field(default_factory=dict)  # metric name -> why it was not computed
 
 
@@ -123,7 +128,7 @@ def _validate(candidates: Mapping[Any, str],
 def _resolve_tokenizer(tokenizer: str, java: str | None) -> str:
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {tokenizer!r}; valid tokenizers are {', '.join(TOKENIZERS)}")
-    if tokenizer == "auto":
+    if tokenizer in ("auto", "ptb"):
         chosen = "ptb-java" if java else "python"
         if not java:
             logger.info("java not found on the PATH: tokenizing with the pure-Python PTB tokenizer")
@@ -156,8 +161,9 @@ def score_captions(candidates: Mapping[Any, str], references: Mapping[Any, Seque
         candidates: image id -> the generated caption (raw text; may be empty).
         references: image id -> its reference captions (raw text); ids without a candidate are ignored.
         metrics: any of ``"bleu"``, ``"meteor"``, ``"rouge"``, ``"cider"``, ``"spice"``.
-        tokenizer: ``"auto"`` (Java PTB tokenizer when Java is available, else the Python one),
-            ``"ptb-java"`` or ``"python"``.
+        tokenizer: ``"auto"`` or ``"ptb"`` (Java PTB tokenizer when Java is available, else the Python one),
+            ``"ptb-java"`` or ``"python"``; or ``"whitespace"`` / ``"char"`` (the data set's rule, for other
+            languages: METEOR and SPICE are then skipped).
 
     Returns:
         :class:`CaptionScores` with corpus-level scores, per-image scores (keyed like `candidates`, in
@@ -174,7 +180,9 @@ def score_captions(candidates: Mapping[Any, str], references: Mapping[Any, Seque
     gts_raw, res_raw = _validate(candidates, references)
 
     # Two separate tokenizer runs, references first, as COCOEvalCap.evaluate does.
-    if tok_name == "ptb-java":
+    if tok_name in LANGUAGE_TOKENIZERS:
+        gts, res = split_captions(gts_raw, tok_name), split_captions(res_raw, tok_name)
+    elif tok_name == "ptb-java":
         assert java is not None
         gts = java_ptb_tokenize(gts_raw, java)
         res = java_ptb_tokenize(res_raw, java)
@@ -206,6 +214,8 @@ def score_captions(candidates: Mapping[Any, str], references: Mapping[Any, Seque
         elif metric == "cider":
             score, scores = CiderD(gts).score({key: caps[0] for key, caps in res.items()})
             record("CIDEr", score, scores)
+        elif metric in ENGLISH_ONLY and tok_name in LANGUAGE_TOKENIZERS:
+            skipped[VALID_METRICS[metric][0]] = english_only(VALID_METRICS[metric][0], tok_name)
         else:  # meteor, spice: pycocoevalcap's Java scorers
             name, result = java_score(metric, gts, res, java)
             if isinstance(result, str):

@@ -27,7 +27,7 @@ from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import ArgumentParser, run_cli, writable_file
 from captioning.data.readers.records import ImageRecord
 from captioning.data.readers.references import load_results, read_annotations
-from captioning.metrics import attention_correctness, score_captions
+from captioning.metrics import TOKENIZERS, attention_correctness, score_captions
 from captioning.reporting.curves import CURVES_NAME, plot_history
 from captioning.reporting.html import (
     ATTENTION_NAME,
@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, help="the model's checkpoint, to crop images to the encoder's view")
     parser.add_argument("--history", type=Path, help="history.json of the training run: its curves go in the page")
     parser.add_argument("--metrics", default="bleu,meteor,rouge,cider", help="comma-separated coco-caption metrics")
-    parser.add_argument("--tokenizer", default="auto", choices=["auto", "ptb-java", "python"])
+    parser.add_argument("--tokenizer", default="auto", choices=TOKENIZERS,
+                        help="as captioning-score's: auto, ptb, ptb-java, python; whitespace, char (other languages)")
     parser.add_argument("--out", type=Path, help=f"output file (default: {REPORT_NAME} next to the results)")
     parser.add_argument("--title", help="page title")
     parser.add_argument("--max-entries", type=int, default=MAX_ENTRIES, metavar="N",

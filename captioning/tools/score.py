@@ -31,7 +31,7 @@ from captioning.cli import ArgumentParser, run_cli, writable_file
 from captioning.data.readers.references import Annotations, load_results, read_annotations
 from captioning.metrics.chair import ChairScores, chair_scores, is_shapes_annotation, shapes_mentions, shapes_objects
 from captioning.metrics.chair_coco import caption_words, coco_mentions, coco_objects, instance_objects
-from captioning.metrics.coco import score_captions
+from captioning.metrics.coco import TOKENIZERS, score_captions
 
 logger = logging.getLogger(__name__)
 PROG = "captioning-score"
@@ -101,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "CHAIR_s; on COCO with --instances)")
     parser.add_argument("--instances", help="COCO instance annotations of the captioned images (instances_val2014"
                         ".json): the objects chair counts against, with those the references name")
-    parser.add_argument("--tokenizer", default="auto", choices=["auto", "ptb-java", "python"])
+    parser.add_argument("--tokenizer", default="auto", choices=TOKENIZERS,
+                        help="how captions become words: auto or ptb (the PTB tokenizer, in Java where it is on the "
+                        "PATH), ptb-java or python (force one); whitespace or char for other languages, as "
+                        "dataset.tokenizer (METEOR and SPICE skipped) (default: auto)")
     parser.add_argument("--out", help="also write the metrics JSON here")
     parser.add_argument("--per-image", help="write per-image scores (JSON) here")
     args = parser.parse_args(argv)

@@ -174,7 +174,8 @@ class SelfCritical:
     def prepare(self, train: CaptionDataset) -> None:
         """The reward: the training references, tokenized, and CIDEr-D's document frequencies, computed once."""
         self.vocab = train.vocab
-        self.reward = CaptionReward([r.raw for r in train.records], *self.weights, end_token=self.end_token)
+        self.reward = CaptionReward([r.raw for r in train.records], *self.weights, end_token=self.end_token,
+                                    tokenizer=train.tokenizer)
 
     def texts(self, tokens: list[list[int]], ended: list[bool]) -> list[str]:
         """Word ids -> the strings the reward scores."""

@@ -47,8 +47,8 @@ def test_every_group_entry_composes(group):
 @pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONF / "dataset").glob("[!_]*.yaml")))
 def test_every_data_set_reads_its_split_file_unless_told_to_read_raw_coco(dataset):
     cfg = compose_config(f"dataset={dataset}", "dataset.annotations=/d/split.json", "dataset.image_root=/d/images")
-    assert dict(cfg.dataset.reader) == {"_target_": "karpathy",
-                                        "annotations": "/d/split.json", "image_root": "/d/images"}
+    assert dict(cfg.dataset.reader) == {"_target_": "karpathy", "annotations": "/d/split.json",
+                                        "image_root": "/d/images", "tokenizer": "ptb"}
     coco = compose_config(f"dataset={dataset}", "dataset/reader=coco", "dataset.image_root=/d/images", "data_dir=/d").dataset
     assert coco.reader._target_ == "coco"
     assert coco.reader.image_root == "/d/images"

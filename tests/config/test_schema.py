@@ -54,8 +54,9 @@ def test_every_group_entry_validates(group, real_files):
 
 
 @pytest.mark.parametrize("preset", _entries("experiment"))
-def test_every_preset_validates(preset, real_files):
-    validate_train_config(compose_config(f"experiment={preset}", *real_files))
+def test_every_preset_validates(preset, real_files, tmp_path):
+    regions = [f"dataset.features={tmp_path / 'images'}"] if preset.endswith("_bu") else []  # a region folder
+    validate_train_config(compose_config(f"experiment={preset}", *real_files, *regions))
 
 
 def test_the_coco_reader_checks_its_caption_files(tmp_path, real_files):

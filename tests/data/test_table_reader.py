@@ -195,5 +195,5 @@ def test_the_reader_runs_from_a_dataset_config_and_the_composed_config_validates
                          f"dataset.image_root={tmp_path / 'photos'}")
     assert dict(cfg.dataset.reader) == {"_target_": "table", "annotations": str(path),
                                         "image_root": str(tmp_path / "photos"), "val_size": 1000, "test_size": 1000,
-                                        "seed": 0}
+                                        "seed": 0, "tokenizer": "ptb"}
     validate_train_config(cfg)

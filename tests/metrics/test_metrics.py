@@ -492,7 +492,7 @@ def test_invalid_inputs(candidates, references, message) -> None:
 
 
 def test_unknown_tokenizer() -> None:
-    with pytest.raises(ValueError, match="auto, ptb-java, python"):
+    with pytest.raises(ValueError, match="auto, ptb, ptb-java, python, whitespace, char"):
         score_captions({1: "a dog"}, {1: ["a dog"]}, tokenizer="spacy")
 
 

@@ -22,6 +22,7 @@ import torch
 
 from captioning.base.files import atomic_file, write_text_atomic
 from captioning.data.readers.records import SPLITS, ImageRecord
+from captioning.data.tokenizers import CAPTION_TOKENIZERS, DEFAULT_TOKENIZER
 from captioning.data.vocab import Vocabulary
 
 
@@ -88,8 +89,9 @@ class CaptionTable:
     """Every split's captions as flat arrays, with one word list ranked by training count."""
 
     def __init__(self, words: list[str], train_counts: np.ndarray, splits: dict[str, SplitArrays],
-                 folder: Path | None = None):
+                 folder: Path | None = None, tokenizer: str = DEFAULT_TOKENIZER):
         self.words, self.train_counts, self.splits = words, train_counts, splits
+        self.tokenizer = tokenizer  # the rule that made the tokens (dataset.tokenizer), given to each record
         self.folder = folder  # where it was loaded from: pickled as that path (spawned workers map the same files)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -114,7 +116,8 @@ class CaptionTable:
         rank = np.empty(len(order), dtype=np.int32)
         rank[order] = np.arange(len(order), dtype=np.int32)
         splits = {s: cls._split(rs, rank[ids[s]]) for s, rs in records.items()}
-        return cls([unranked[k] for k in order], counts[order].astype(np.int64), splits)
+        tokenizer = next((r.tokenizer for r in records["train"]), DEFAULT_TOKENIZER)
+        return cls([unranked[k] for k in order], counts[order].astype(np.int64), splits, tokenizer=tokenizer)
 
     @staticmethod
     def _split(records: Sequence[ImageRecord], tokens: np.ndarray) -> SplitArrays:
@@ -144,9 +147,10 @@ class CaptionTable:
 
     # -- files ---------------------------------------------------------------------------------
     def save(self, folder: Path) -> None:
-        """Write the table as .npy files (and two small JSON files) into an existing folder; a failed write is one
+        """Write the table as .npy files (and small JSON files) into an existing folder; a failed write is one
         OSError line naming the file (prepared.py's _write then removes the whole folder)."""
         write_text_atomic(folder / "words.json", json.dumps(self.words, ensure_ascii=False))
+        write_text_atomic(folder / "tokenizer.json", json.dumps(self.tokenizer))
         _save_array(folder / "train_counts.npy", self.train_counts)
         for s, arrays in self.splits.items():
             for name in SplitArrays.ARRAYS:
@@ -163,6 +167,10 @@ class CaptionTable:
         if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
             raise ValueError("words.json is not a list of strings")
         counts = np.load(folder / "train_counts.npy", mmap_mode="r")
+        named = folder / "tokenizer.json"  # absent in sets made before the choice: all of them ptb
+        tokenizer = json.loads(named.read_text(encoding="utf-8")) if named.is_file() else DEFAULT_TOKENIZER
+        if tokenizer not in CAPTION_TOKENIZERS:
+            raise ValueError(f"tokenizer.json names no tokenizer of {CAPTION_TOKENIZERS}")
         if counts.shape != (len(words),):
             raise ValueError(f"train_counts.npy has shape {counts.shape}, expected ({len(words)},)")
         out = {}
@@ -172,7 +180,7 @@ class CaptionTable:
             out[s] = SplitArrays(**arrays, word_boxes={int(k): v for k, v in boxes.items()})
             if (problem := out[s].check(len(words))) is not None:
                 raise ValueError(f"split {s}: {problem}")
-        return cls(words, counts, out, folder)
+        return cls(words, counts, out, folder, tokenizer)
 
 
 class SplitView(Sequence[ImageRecord]):
@@ -206,7 +214,7 @@ class SplitView(Sequence[ImageRecord]):
         size = tuple(a.sizes[row].tolist())
         return ImageRecord(int(a.image_ids[row]), Path(_text(a.paths, a.path_offsets, row)), captions,
                            [_text(a.raw, a.raw_offsets, c) for c in range(first, last)],
-                           dict(a.word_boxes.get(row, {})), size if size[0] >= 0 else None)
+                           dict(a.word_boxes.get(row, {})), size if size[0] >= 0 else None, self.table.tokenizer)
 
     def __iter__(self) -> Iterator[ImageRecord]:
         return (self[i] for i in range(len(self)))

@@ -2,8 +2,9 @@
 
 `dataset.prepared` names a folder (by default next to the data). In it, each prepared set is a sub-folder named by
 the digest of everything that decides its content:
-  - the format version and the tokenizer (NLTK's Treebank tokenizer and its version, lower-casing, no punctuation);
-  - the reader (`dataset.reader`, every setting, `image_root` included);
+  - the format version and the tokenizer (`dataset.tokenizer`: for ptb NLTK's Treebank tokenizer and its version,
+    lower-casing, no punctuation; captioning/data/tokenizers.py names the others' rules);
+  - the reader (`dataset.reader`, every setting, `image_root` and a tokenizer other than ptb included);
   - the SHA-256 of every file the reader reads (its `File()` arguments: annotations, caption files, split file).
 A file's hash is computed again only when its size or mtime differs from what a manifest recorded.
 `min_word_freq`, `max_vocab` and `max_caption_len` do not decide the content: the set stores every word with its
@@ -36,6 +37,7 @@ from captioning.base.lock import FolderLock
 from captioning.base.signature import file_parameters
 from captioning.data.prepared.arrays import CaptionTable
 from captioning.data.readers.records import SPLITS, ImageRecord, collector_paused
+from captioning.data.tokenizers import DEFAULT_TOKENIZER, rule_id
 
 logger = logging.getLogger(__name__)
 FORMAT = "captioning-prepared/v2"  # v2: image paths checked under the image root when read
@@ -88,8 +90,12 @@ def _file_ids(files: Mapping[str, Path], known: list[tuple[Path, dict[str, Any]]
 
 
 def content_key(reader_spec: Mapping[str, Any], files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """What decides a set's content (its folder is named by the digest of this)."""
-    return {"format": FORMAT, "tokenizer": tokenizer_id(), "reader": dict(reader_spec),
+    """What decides a set's content (its folder is named by the digest of this). The reader's `tokenizer` is left
+    out where it is ptb: the key of a set made before the choice, which was ptb."""
+    tokenizer = str(reader_spec.get("tokenizer", DEFAULT_TOKENIZER))
+    reader = {k: v for k, v in reader_spec.items() if k != "tokenizer" or tokenizer != "ptb"}
+    rule = tokenizer_id() if tokenizer == "ptb" else rule_id(tokenizer)
+    return {"format": FORMAT, "tokenizer": rule, "reader": reader,
             "sources": {k: {"path": f["path"], "sha256": f["sha256"]} for k, f in sorted(files.items())}}
 
 

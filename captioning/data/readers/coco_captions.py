@@ -30,7 +30,7 @@ from captioning.base.constraints import Count, File, constrained
 from captioning.base.jsonio import is_id, load_json
 from captioning.data.readers.paths import ImageRoot, relative_problem
 from captioning.data.readers.records import SPLITS, ImageRecord
-from captioning.data.vocab import tokenize
+from captioning.data.tokenizers import DEFAULT_TOKENIZER, words_of
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +103,11 @@ def coco_index(data: dict[str, Any]) -> COCO:
     return coco
 
 
-def _records(coco: COCO, image_ids: Iterable[int], folder: Path, source: Path) -> list[ImageRecord]:
-    """Image records of the given ids with tokenised captions; empty captions and caption-less images skipped."""
+def _records(coco: COCO, image_ids: Iterable[int], folder: Path, source: Path,
+             tokenizer: str = DEFAULT_TOKENIZER) -> list[ImageRecord]:
+    """Image records of the given ids with captions tokenised by `tokenizer`; empty captions and caption-less images
+    skipped."""
+    tokenize = words_of(tokenizer)
     records, empty, bare = [], 0, 0
     for img in coco.loadImgs(list(image_ids)):
         anns = coco.loadAnns(coco.getAnnIds(imgIds=img["id"]))
@@ -116,7 +119,7 @@ def _records(coco: COCO, image_ids: Iterable[int], folder: Path, source: Path) -
             continue
         size = (int(img["height"]), int(img["width"])) if "height" in img and "width" in img else None
         records.append(ImageRecord(int(img["id"]), folder / img["file_name"], [t for t, _ in keep],
-                                   [r for _, r in keep], size=size))
+                                   [r for _, r in keep], size=size, tokenizer=tokenizer))
     if empty or bare:
         logger.warning("%s: skipped %d empty captions and %d images without a caption", source, empty, bare)
     return records
@@ -144,8 +147,10 @@ def read_coco_captions(train_captions: Annotated[str | os.PathLike, File()],
                        image_root: str | os.PathLike, train_images: str = "train2014", val_images: str = "val2014",
                        split_file: Annotated[str | os.PathLike | None, File()] = None,
                        num_val: Count = 5000,
-                       num_test: Count = 5000) -> dict[str, list[ImageRecord]]:
-    """Records of the requested splits from raw COCO caption files, split by the rule in the module docstring.
+                       num_test: Count = 5000,
+                       tokenizer: str = DEFAULT_TOKENIZER) -> dict[str, list[ImageRecord]]:
+    """Records of the requested splits from raw COCO caption files, split by the rule in the module docstring, their
+    captions split into words by `tokenizer` (dataset.tokenizer: captioning/data/tokenizers.py).
 
     Images are looked up under image_root/train_images/file_name and image_root/val_images/file_name.
     The `dataset.reader` of conf/dataset/reader/coco.yaml.
@@ -153,6 +158,7 @@ def read_coco_captions(train_captions: Annotated[str | os.PathLike, File()],
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {s!r}")
+    words_of(tokenizer)  # an unknown one is refused before the files are read
     root = Path(image_root)
     sources = [(Path(train_captions), root / train_images), (Path(val_captions), root / val_images)]
     cocos = [load_coco(path, folder) for path, folder in sources]
@@ -167,7 +173,7 @@ def read_coco_captions(train_captions: Annotated[str | os.PathLike, File()],
     out: dict[str, list[ImageRecord]] = {}
     for s in splits:
         out[s] = [r for c, a, (path, folder) in zip(cocos, assign, sources)
-                  for r in _records(c, sorted(i for i, sp in a.items() if sp == s), folder, path)]
+                  for r in _records(c, sorted(i for i, sp in a.items() if sp == s), folder, path, tokenizer)]
         if not out[s]:
             raise ValueError(f"raw COCO captions {sources[0][0]} + {sources[1][0]}: split {s!r} has no images "
                              "(check dataset.reader.num_val / num_test or the split file)")

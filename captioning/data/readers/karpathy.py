@@ -20,7 +20,7 @@ from captioning.base.constraints import File
 from captioning.base.jsonio import is_id, load_json
 from captioning.data.readers.paths import ImageRoot, relative_problem
 from captioning.data.readers.records import SPLITS, ImageRecord, describe
-from captioning.data.vocab import tokenize
+from captioning.data.tokenizers import DEFAULT_TOKENIZER, words_of
 
 logger = logging.getLogger(__name__)
 
@@ -141,25 +141,32 @@ def read_entries(json_path: str | os.PathLike, image_root: str | os.PathLike | N
 
 
 def split_records(entries: Sequence[_Entry], split: str, json_path: str | os.PathLike,
-                  train_includes_restval: bool = True) -> list[ImageRecord]:
-    """The records of one split of parsed entries, with tokenised captions; empty captions are skipped, counted."""
+                  train_includes_restval: bool = True, tokenizer: str = DEFAULT_TOKENIZER) -> list[ImageRecord]:
+    """The records of one split of parsed entries, with tokenised captions; empty captions are skipped, counted.
+
+    With the `ptb` tokenizer a sentence's own `tokens` are kept and only sentences without them are tokenised; any
+    other tokenizer splits every raw sentence (the file's tokens are another language's rule, or none)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    tokenize, own_tokens = words_of(tokenizer), tokenizer == "ptb"
     wanted = {split, "restval"} if split == "train" and train_includes_restval else {split}
     records, empty = [], 0
     words: dict[str, str] = {}  # one string per distinct word of the captions tokenised here
+
+    def shared(tokens: list[str]) -> list[str]:
+        return [words.get(w) or words.setdefault(w, w) for w in tokens]
+
     for entry in entries:
         if entry.split not in wanted:
             continue
         r = entry.record
-        captions = [t if t is not None else [words.get(w) or words.setdefault(w, w) for w in tokenize(raw)]
-                    for t, raw in zip(entry.tokens, r.raw)]
+        captions = [t if t is not None and own_tokens else shared(tokenize(raw)) for t, raw in zip(entry.tokens, r.raw)]
         keep = [(t, w) for t, w in zip(captions, r.raw) if t]
         empty += len(captions) - len(keep)
         if not keep:
             logger.warning("%s: image %s has no non-empty caption; skipped", json_path, r.image_id)
             continue
-        records.append(replace(r, captions=[t for t, _ in keep], raw=[w for _, w in keep]))
+        records.append(replace(r, captions=[t for t, _ in keep], raw=[w for _, w in keep], tokenizer=tokenizer))
     if empty:
         logger.warning("%s: skipped %d empty captions in split %s", json_path, empty, split)
     if not records:
@@ -179,10 +186,13 @@ def read_karpathy(json_path: str | os.PathLike, split: str, image_root: str | os
 
 
 def read_karpathy_splits(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
-                         image_root: str | os.PathLike | None = None) -> dict[str, list[ImageRecord]]:
-    """The requested splits of a Karpathy split file, by split (`train` includes `restval`); the file is read once."""
+                         image_root: str | os.PathLike | None = None,
+                         tokenizer: str = DEFAULT_TOKENIZER) -> dict[str, list[ImageRecord]]:
+    """The requested splits of a Karpathy split file, by split (`train` includes `restval`); the file is read once.
+    Captions are split into words by `tokenizer` (dataset.tokenizer: captioning/data/tokenizers.py)."""
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {s!r}")
+    words_of(tokenizer)  # an unknown one is refused before the file is read
     entries = read_entries(annotations, image_root)
-    return {s: split_records(entries, s, annotations) for s in splits}
+    return {s: split_records(entries, s, annotations, tokenizer=tokenizer) for s in splits}

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from captioning.data.tokenizers import DEFAULT_TOKENIZER
+
 SPLITS = ("train", "val", "test")
 
 
@@ -22,6 +24,7 @@ class ImageRecord:
     raw: list[str]  # the references as written
     word_boxes: dict[str, list[list[float]]] = field(default_factory=dict)  # words naming objects -> boxes
     size: tuple[int, int] | None = None  # (height, width) if the annotation says
+    tokenizer: str = DEFAULT_TOKENIZER  # the rule that made `captions` from `raw` (dataset.tokenizer: tokenizers.py)
 
 
 def describe(value: Any) -> str:

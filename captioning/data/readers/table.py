@@ -26,7 +26,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
@@ -35,7 +35,7 @@ from captioning.base.constraints import Count, File, choose_one, constrained
 from captioning.base.jsonio import is_id
 from captioning.data.readers.paths import ImageRoot, relative_problem
 from captioning.data.readers.records import SPLITS, ImageRecord, describe
-from captioning.data.vocab import tokenize
+from captioning.data.tokenizers import DEFAULT_TOKENIZER, words_of
 
 logger = logging.getLogger(__name__)
 SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -140,8 +140,10 @@ def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, str] |
     return out, None
 
 
-def _images(rows: Iterator[tuple[int, dict[str, Any]]], path: Path) -> dict[PurePosixPath, _Image]:
-    """The table's images by path, in order of first appearance, with their captions; conflicts refused."""
+def _images(rows: Iterator[tuple[int, dict[str, Any]]], path: Path,
+            words: Callable[[str], list[str]]) -> dict[PurePosixPath, _Image]:
+    """The table's images by path, in order of first appearance, with their captions split by `words`; conflicts
+    refused."""
     images: dict[PurePosixPath, _Image] = {}
     by_id: dict[int, PurePosixPath] = {}
     given: dict[str, int] = {}  # optional column -> the first line that gives it
@@ -170,7 +172,7 @@ def _images(rows: Iterator[tuple[int, dict[str, Any]]], path: Path) -> dict[Pure
             other = by_id[image.image_id]
             raise bad(line, "image_id", f"{image.image_id} is already the id of {str(other)!r} (line "
                       f"{images[other].line}); each image needs its own id")
-        image.captions.append((tokenize(row["caption"]), row["caption"]))
+        image.captions.append((words(row["caption"]), row["caption"]))
     return images
 
 
@@ -211,10 +213,12 @@ def _seeded_split(names: Sequence[PurePosixPath], val_size: int, test_size: int,
 @constrained
 def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
                image_root: str | os.PathLike | None = None, val_size: Count = 1000,
-               test_size: Count = 1000, seed: int = 0) -> dict[str, list[ImageRecord]]:
+               test_size: Count = 1000, seed: int = 0,
+               tokenizer: str = DEFAULT_TOKENIZER) -> dict[str, list[ImageRecord]]:
     """The requested splits of a caption table (.csv, .jsonl, .ndjson), by split; see the module docstring.
 
     With a `split` column each image takes the split its rows give, and val_size, test_size and seed are ignored.
+    Captions are split into words by `tokenizer` (dataset.tokenizer: captioning/data/tokenizers.py).
     The `dataset.reader` of conf/dataset/reader/table.yaml.
     """
     for s in splits:
@@ -226,14 +230,14 @@ def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, 
         raise ValueError(f"{path}: a caption table must be a {', '.join(SUFFIXES)} file, got {path.suffix!r}")
     rows = _csv_rows(_text(path), path) if kind == "csv" else _jsonl_rows(_text(path), path)
     root = Path(image_root) if image_root is not None else path.parent
-    images = _drop_empty(_under_root(_images(rows, path), ImageRoot(root), path), path)
+    images = _drop_empty(_under_root(_images(rows, path, words_of(tokenizer)), ImageRoot(root), path), path)
     has_split = any(image.split is not None for image in images.values())
     split_of = ({n: str(image.split) for n, image in images.items()} if has_split
                 else _seeded_split(list(images), val_size, test_size, seed))
     out: dict[str, list[ImageRecord]] = {}
     for s in splits:
-        out[s] = [ImageRecord(image.image_id, root / n, [t for t, _ in image.captions], [w for _, w in image.captions])
-                  for n, image in images.items() if split_of[n] == s]
+        out[s] = [ImageRecord(image.image_id, root / n, [t for t, _ in image.captions], [w for _, w in image.captions],
+                              tokenizer=tokenizer) for n, image in images.items() if split_of[n] == s]
         if not out[s]:
             why = _why_empty(split_of, has_split, val_size, test_size)
             raise ValueError(f"{path}: split {s!r} has no images ({why})")

@@ -7,8 +7,9 @@ its end token appended as one more word, and so is every reference (`end_token=T
 max_len without an end token is scored without one. With `end_token=False` the reward is exactly coco-caption's
 CIDEr-D (document frequencies from the training references; tests/training/test_scst.py).
 
-References are tokenized as `captioning-score` tokenizes them (the PTB tokenizer, punctuation dropped); candidates
-are the model's words, which are such tokens already.
+References are tokenized as `captioning-score` tokenizes them: with the data set's tokenizer (`dataset.tokenizer`),
+the PTB tokenizer (punctuation dropped) for `ptb`, the data set's own rule for the others (captioning/metrics/
+languages.py); candidates are the model's words, which are such tokens already.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from captioning.data.tokenizers import DEFAULT_TOKENIZER
 from captioning.metrics.cider import CiderD
 from captioning.metrics.fast_scores import bleu
+from captioning.metrics.languages import split_captions
 from captioning.metrics.tokenizer import ptb_tokenize
 
 END_WORD = "<end>"  # the end token as a scored word: never a PTB token, so it only matches other end tokens
@@ -33,19 +36,21 @@ class CaptionReward:
     """r = cider_weight CIDEr-D + bleu4_weight BLEU-4 of each caption against the references of its image.
 
     `references[i]` holds the raw reference captions of training image i (the data set's index); they are
-    tokenized once, and CIDEr-D's document frequencies come from all of them (`CiderD`, built once).
+    tokenized once by `tokenizer` (the data set's: ptb, whitespace, char), and CIDEr-D's document frequencies come
+    from all of them (`CiderD`, built once).
     """
 
     METRICS = ("CIDEr", "Bleu_4")  # what the reward can be made of
 
     def __init__(self, references: Sequence[Sequence[str]], cider_weight: float = 1.0, bleu4_weight: float = 0.0,
-                 end_token: bool = True):
+                 end_token: bool = True, tokenizer: str = DEFAULT_TOKENIZER):
         if cider_weight < 0 or bleu4_weight < 0 or cider_weight + bleu4_weight == 0:
             raise ValueError(f"reward weights must be >= 0 and not all 0, got CIDEr {cider_weight}, "
                              f"BLEU-4 {bleu4_weight}")
         self.weights = {"CIDEr": float(cider_weight), "Bleu_4": float(bleu4_weight)}
         self.end_token = end_token
-        tokens = ptb_tokenize({i: list(refs) for i, refs in enumerate(references)})
+        raw: dict[Hashable, Sequence[str]] = {i: list(refs) for i, refs in enumerate(references)}
+        tokens = ptb_tokenize(raw) if tokenizer == "ptb" else split_captions(raw, tokenizer)
         self.references = [[caption_text(r.split(), True, end_token) for r in tokens[i]] for i in range(len(tokens))]
         self.cider = CiderD(dict(enumerate(self.references)))
 
