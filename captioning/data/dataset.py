@@ -58,7 +58,8 @@ class CaptionDataset(Dataset):
                  cache_images: bool = False):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or null (all), got {captions_per_image}")
-        self.tokenizer = records[0].tokenizer if len(records) else DEFAULT_TOKENIZER  # one reader, one rule
+        # one reader, one rule (a record made without one, e.g. by hand: the default's)
+        self.tokenizer = getattr(records[0], "tokenizer", DEFAULT_TOKENIZER) if len(records) else DEFAULT_TOKENIZER
         if vocab.tokenizer is not None and vocab.tokenizer != self.tokenizer:
             raise ValueError(f"the vocabulary (a checkpoint's) was made with dataset.tokenizer={vocab.tokenizer}, this "
                              f"data set's captions with {self.tokenizer}: set dataset.tokenizer={vocab.tokenizer}")
