@@ -283,3 +283,22 @@ def test_the_bottom_up_presets_are_their_grid_presets_on_regions(name):
         if key == "decoder" and name in ("m2", "transformer"):  # the grid's positions; the regions are a set
             assert (same.pop("region_positions"), other.pop("region_positions")) == ("sinusoidal", "none")
         assert same == other, key
+
+
+def test_painted_region_maps_score_attention_correctness_on_coco_instance_masks(tmp_path):
+    """A word's attention on a region whose box is the named object's mask scores 1 on COCO's instance masks, on
+    a box half on the object 0.5 (the painted map read as a grid over the whole image, no crop)."""
+    from captioning.evaluation.region_maps import paint
+    from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, full_image
+
+    poly = [[0.0, 0.0, 30.0, 0.0, 30.0, 40.0, 0.0, 40.0]]  # a person on the left half of a 40 x 60 image
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": 1, "height": 40, "width": 60}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "segmentation": poly, "area": 1200.0, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "person"}]}))
+    instances = CocoInstances(tmp_path / "instances.json")
+    boxes = np.array([[0, 0, 30, 40], [15, 0, 45, 40]], dtype=np.float32)  # on the person; half on it
+    for weights, share in (([1.0, 0.0], 1.0), ([0.0, 1.0], 0.5)):
+        maps = paint(torch.tensor([[0.5, 0.5], weights]), boxes, (40, 60)).numpy()  # "a man": man is step 1
+        out = coco_attention_correctness([["a", "man"]], [maps], [1], instances, full_image)
+        assert out["attention_correctness"] == pytest.approx(share, abs=1e-6) and out["attention_correctness_words"] == 1
