@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from captioning.data.dataset import CaptionDataset
+from captioning.metrics.coco_attention import interval_overlaps
 from captioning.reporting.items import Prediction
 
 logger = logging.getLogger(__name__)
@@ -28,8 +29,7 @@ REGION_GRID = 16  # cells per side of a painted map (256 cells, about a 14 x 14 
 def _axis_shares(lo: np.ndarray, hi: np.ndarray, length: float, cells: int) -> np.ndarray:
     """(n, cells): the share of each interval [lo, hi) (clipped to [0, length]) in each of `cells` equal cells."""
     lo, hi = np.clip(lo, 0, length), np.clip(hi, 0, length)
-    edges = np.linspace(0, length, cells + 1)
-    overlap = np.clip(np.minimum(hi[:, None], edges[None, 1:]) - np.maximum(lo[:, None], edges[None, :-1]), 0, None)
+    overlap = interval_overlaps(lo, hi, np.linspace(0, length, cells + 1))
     width = hi - lo
     shares = overlap / np.where(width > 0, width, 1)[:, None]
     empty = width <= 0  # no extent left: the cell holding the point

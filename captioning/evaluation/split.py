@@ -32,8 +32,8 @@ from captioning.metrics import (
     collapsed_caption,
     score_captions,
 )
-from captioning.metrics.chair import chair_scores, is_shapes_annotation, shapes_mentions, shapes_objects
-from captioning.metrics.chair_coco import coco_mentions, coco_objects
+from captioning.metrics.chair import chair_on_shapes, is_shapes_annotation
+from captioning.metrics.chair_coco import chair_on_coco
 from captioning.metrics.coco_attention import CocoInstances, coco_attention_correctness, view_geometry
 from captioning.models.captioner import Captioner, reports_sentinel, selects_regions
 from captioning.reporting.items import Prediction
@@ -151,8 +151,7 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
                                    [r.word_boxes for r in recs], cast(list[tuple[int, int]], sizes))
         out.update(ac)
     if recs and all(is_shapes_annotation(r.word_boxes) for r in recs):  # objects known: hallucination (CHAIR)
-        chair = chair_scores({p.image_id: shapes_mentions(p.words) for p in preds},
-                             {r.image_id: shapes_objects(r.word_boxes) for r in recs})
+        chair = chair_on_shapes({p.image_id: p.words for p in preds}, {r.image_id: r.word_boxes for r in recs})
         out.update(chair.overall)
         for p in preds:
             p.scores.update(chair.per_image[p.image_id])
@@ -181,8 +180,8 @@ def coco_chair(preds: list[Prediction], dataset: CaptionDataset, instances: Coco
     """CHAIR on COCO (metrics/chair_coco.py): each image's objects are its instance annotations' categories and those
     its references name. Also fills each prediction's per-image CHAIR and hallucinated words."""
     references = {p.image_id: dataset.records[p.index].raw for p in preds}
-    objects = coco_objects(instances.categories([p.image_id for p in preds]), references)
-    chair = chair_scores({p.image_id: coco_mentions(p.words) for p in preds}, objects)
+    chair = chair_on_coco({p.image_id: p.words for p in preds}, instances.categories([p.image_id for p in preds]),
+                          references)
     for p in preds:
         p.scores.update(chair.per_image[p.image_id])
     return chair.overall

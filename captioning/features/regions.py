@@ -198,16 +198,8 @@ class RegionFolder:
         return None
 
     def require(self, records: Sequence[ImageRecord]) -> None:
-        names = {p.stem for p in self.root.iterdir() if p.suffix in (".npz", ".npy")}
-        _require(_Names(names), records, self.root)
-
-
-class _Names:
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def __contains__(self, image_id: int) -> bool:
-        return str(image_id) in self.names
+        held = {int(p.stem) for p in self.root.iterdir() if p.suffix in (".npz", ".npy") and p.stem.isdigit()}
+        _require(held, records, self.root)
 
 
 def _require(source: Any, records: Sequence[ImageRecord], where: Path) -> None:

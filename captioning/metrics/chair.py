@@ -80,6 +80,12 @@ def shapes_objects(word_boxes: Mapping[str, Sequence[Sequence[float]]]) -> set[s
     return out
 
 
+def chair_on_shapes(words: Mapping[Any, Sequence[str]], word_boxes: Mapping[Any, Mapping[str, Any]]) -> ChairScores:
+    """CHAIR of `shapes` captions (image -> tokens) against each image's objects in its annotation's word boxes."""
+    return chair_scores({i: shapes_mentions(w) for i, w in words.items()},
+                        {i: shapes_objects(b) for i, b in word_boxes.items()})
+
+
 def is_shapes_annotation(word_boxes: Mapping[str, Any]) -> bool:
     """Whether an image's word boxes are `shapes`' (shape nouns and colour words only, at least one shape)."""
     return bool(word_boxes) and set(word_boxes) <= {*SHAPES, *COLOURS} and any(s in word_boxes for s in SHAPES)

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from captioning.base.jsonio import load_json
-from captioning.metrics.chair import Mention
+from captioning.metrics.chair import ChairScores, Mention, chair_scores
 
 __all__ = ["SYNONYMS", "DOUBLE_WORDS", "caption_words", "coco_mentions", "caption_objects", "instance_objects",
-           "coco_objects"]
+           "coco_objects", "chair_on_coco"]
 
 #: COCO category (as instances files name it) -> the words naming it in captions, singular (Rohrbach et al.'s list).
 SYNONYMS: dict[str, tuple[str, ...]] = {
@@ -264,3 +264,10 @@ def objects_of(names: Mapping[int, str], files: Iterable[int], found: Iterable[t
 def coco_objects(instances: Mapping[int, set[str]], references: Mapping[int, Sequence[str]]) -> dict[int, set[str]]:
     """Each image's objects as CHAIR has them: its instance annotations' categories and its references' mentions."""
     return {i: set(instances[i]) | caption_objects(references.get(i, ())) for i in instances}
+
+
+def chair_on_coco(captions: Mapping[int, str | Sequence[str]], instances: Mapping[int, set[str]],
+                  references: Mapping[int, Sequence[str]]) -> ChairScores:
+    """CHAIR of captions (image -> text or its words) against each image's instance categories and the objects its
+    references name."""
+    return chair_scores({i: coco_mentions(c) for i, c in captions.items()}, coco_objects(instances, references))

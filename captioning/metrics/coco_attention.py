@@ -151,12 +151,15 @@ def view_geometry(transform: Any) -> ViewGeometry:
     return lambda height, width: _apply_steps(steps, height, width)
 
 
+def interval_overlaps(lo: np.ndarray, hi: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """(n, cells): the length of each interval [lo_i, hi_i) that lies in each cell [edges_k, edges_k+1)."""
+    return np.clip(np.minimum(hi[:, None], edges[None, 1:]) - np.maximum(lo[:, None], edges[None, :-1]), 0.0, None)
+
+
 def _axis_weights(lo: float, hi: float, cells: int, pixels: int) -> np.ndarray:
     """(cells, pixels): the length of each cell of [lo, hi) that lies in each unit pixel [i, i+1)."""
     edges = lo + (hi - lo) * np.arange(cells + 1) / cells
-    px = np.arange(pixels, dtype=np.float64)
-    overlap = np.minimum(edges[1:, None], px[None, :] + 1) - np.maximum(edges[:-1, None], px[None, :])
-    return np.clip(overlap, 0.0, None)
+    return interval_overlaps(edges[:-1], edges[1:], np.arange(pixels + 1, dtype=np.float64))
 
 
 def mask_coverage(mask: np.ndarray, view: View, grid: tuple[int, int]) -> np.ndarray:

@@ -29,8 +29,8 @@ from captioning.cli import ArgumentParser, run_cli, writable_file
 
 # Text-only imports: references and metrics.coco need neither torch nor pycocotools (tests/tools/test_score_imports.py).
 from captioning.data.readers.references import Annotations, load_results, read_annotations
-from captioning.metrics.chair import ChairScores, chair_scores, is_shapes_annotation, shapes_mentions, shapes_objects
-from captioning.metrics.chair_coco import caption_words, coco_mentions, coco_objects, instance_objects
+from captioning.metrics.chair import ChairScores, chair_on_shapes, is_shapes_annotation
+from captioning.metrics.chair_coco import caption_words, chair_on_coco, instance_objects
 from captioning.metrics.coco import TOKENIZERS, score_captions
 
 logger = logging.getLogger(__name__)
@@ -47,13 +47,12 @@ def chair_of(results: dict[int, str], found: Annotations, instances: str | Path 
     the file, else on COCO against `instances` and the objects the references name (refused without it)."""
     records = {r.image_id: r for r in found.records or []}
     if records and all(is_shapes_annotation(records[i].word_boxes) for i in results):
-        return chair_scores({i: shapes_mentions(caption_words(c)) for i, c in results.items()},
-                            {i: shapes_objects(records[i].word_boxes) for i in results})
+        return chair_on_shapes({i: caption_words(c) for i, c in results.items()},
+                               {i: records[i].word_boxes for i in results})
     if not instances:
         raise ValueError("chair on COCO needs --instances (COCO's instance annotations of the captioned images, "
                          "e.g. instances_val2014.json)")
-    objects = coco_objects(instance_objects(instances, results), found.references)
-    return chair_scores({i: coco_mentions(c) for i, c in results.items()}, objects)
+    return chair_on_coco(results, instance_objects(instances, results), found.references)
 
 
 def score_files(annotations: str | Path, results: str | Path, metrics: Sequence[str] = ("bleu", "meteor", "rouge",
