@@ -13,11 +13,13 @@
 set -euo pipefail
 out=${1:-outputs/survey_sweep}
 export MINUTES=${MINUTES:-4} THREADS=${THREADS:-1} ARGS=${ARGS:-} OUT=$out
-forms=("soft|attention=soft" "hard|attention=hard" "dot|attention=dot" "general|attention=general"
-       "concat|attention=concat" "local|attention=local" "local-m|attention=local attention.centre=monotonic"
-       "location|attention=location" "location-smoothing|attention=location attention.normalization=smoothing"
-       "multihead|attention=multihead" "mean|attention=mean" "monotonic|attention=monotonic"
-       "channel|attention=channel" "multilevel|attention=multilevel" "multirep|encoder=multi attention=multirep")
+# The longest runs first (multirep's two encoders, channel's per-step keys, ...), so that JOBS runs end together.
+forms=("multirep|encoder=multi attention=multirep" "channel|attention=channel"
+       "local-m|attention=local attention.centre=monotonic"
+       "location-smoothing|attention=location attention.normalization=smoothing" "local|attention=local"
+       "location|attention=location" "concat|attention=concat" "multihead|attention=multihead"
+       "multilevel|attention=multilevel" "soft|attention=soft" "hard|attention=hard" "dot|attention=dot"
+       "general|attention=general" "monotonic|attention=monotonic" "mean|attention=mean")
 mkdir -p "$out" experiments/figures
 run() {
   local name=${1%%|*} overrides=${1#*|}

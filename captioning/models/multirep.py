@@ -19,6 +19,10 @@ carried beside each word's map through decoding, beam search, the API's results 
 
 With one representation there is nothing to weigh: beta is 1, the module has no scorer (P, W_r, u), and it is
 `attention=soft` with the same parameters drawn in the same order: the same model, bit for bit.
+
+Each representation's attention has `attention_dim` hidden units; by default (null) `total_attention_dim` (128, soft
+attention's) shared equally among the K representations: one representation gets soft attention's 128, two get 64
+each, so the K hidden layers a step computes together are the size of soft attention's one.
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ class MultiRepAttention(Attention):
     module)."""
 
     @constrained
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size = 128, score_dim: Size = 64,
-                 representations: Annotated[tuple[int, ...], Range(ge=1)] | None = None):
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: Size | None = None, score_dim: Size = 64,
+                 representations: Annotated[tuple[int, ...], Range(ge=1)] | None = None,
+                 total_attention_dim: Size = 128):
         super().__init__(annotation_dim, hidden_dim)
         widths = tuple(int(w) for w in representations) if representations else (annotation_dim,)
+        # each representation's attention's hidden size; by default soft attention's 128 shared among them
+        attention_dim = attention_dim or max(1, total_attention_dim // len(widths))
         if sum(widths) != annotation_dim:
             raise ValueError(f"attention=multirep: the representations' widths {list(widths)} add up to "
                              f"{sum(widths)}, not to the annotations' {annotation_dim} channels (decoder=transformer, "

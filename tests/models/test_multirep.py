@@ -54,6 +54,22 @@ def test_one_representation_is_soft_attention_bit_for_bit():
         assert torch.equal(want.context, got.context) and torch.equal(want.alpha, got.alpha) and got.channels is None
 
 
+def test_the_default_attention_size_is_soft_attentions_shared_among_the_representations():
+    a, h, mask = _data()
+    torch.manual_seed(0)
+    soft = SoftAttention(10, 7)  # its default attention_dim, 128
+    torch.manual_seed(0)
+    one = MultiRepAttention(10, 7)  # attention_dim null: 128 / 1
+    assert one.attention_dim == soft.W_a.out_features == 128
+    want, got = soft(a.float(), soft.prepare(a.float()), h.float()), one(a.float(), one.prepare(a.float()), h.float())
+    assert torch.equal(want.context, got.context) and torch.equal(want.alpha, got.alpha)
+    two = MultiRepAttention(10, 7, representations=(4, 6))  # 64 each: two hidden layers of soft's one's size
+    assert two.attention_dim == 64 and [rep.W_a.out_features for rep in two.reps] == [64, 64]
+    assert two.prepare(a.float()).shape == (3, 20, 128)
+    assert MultiRepAttention(10, 7, representations=(4, 6), total_attention_dim=96).attention_dim == 48
+    assert MultiRepAttention(10, 7, 16, representations=(4, 6)).attention_dim == 16  # given: each gets it
+
+
 def test_two_representations_weigh_each_ones_map_and_context():
     a, h, mask = _data()
     torch.manual_seed(1)
