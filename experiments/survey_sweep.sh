@@ -5,7 +5,8 @@
 #
 #   experiments/survey_sweep.sh [OUT]
 #
-# OUT  where the runs go (default: outputs/survey_sweep); finished runs there are kept, not rerun.
+# OUT  where the runs go (default: outputs/survey_sweep); finished runs there are kept, not rerun (an unfinished one
+#      is rerun from the start), and OUT/NAME.machine says when and on which CPU each ran.
 # Writes the table (captioning-report: OUT/table.md, .csv, .png) and the figure of one test image's maps under each
 # form (experiments/figures/survey_sweep_maps.jpg). Environment: MINUTES (default 4; null: the full default budget,
 # early stopping), JOBS (default 2), THREADS (default 1; e.g. JOBS=1 THREADS=2 for each run alone on 2 cores), ARGS
@@ -24,6 +25,9 @@ mkdir -p "$out" experiments/figures
 run() {
   local name=${1%%|*} overrides=${1#*|}
   [ -f "$OUT/$name/metrics.json" ] && return 0
+  # a run stopped part way (the sweep interrupted) starts again from nothing, not from its checkpoint
+  rm -rf "${OUT:?}/$name"
+  { date -u +%FT%TZ; lscpu | sed -n 's/^Model name: *//p'; } > "$OUT/$name.machine"  # where and when it ran
   # shellcheck disable=SC2086  # the overrides are words
   OMP_NUM_THREADS=$THREADS captioning-train $overrides hydra.run.dir="$OUT/$name" trainer.progress=false \
     trainer.max_minutes="$MINUTES" $ARGS > "$OUT/$name.log" 2>&1 || echo "$name failed: see $OUT/$name.log"
