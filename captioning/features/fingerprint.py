@@ -19,7 +19,7 @@ from captioning.features.checks import CACHE_FORMAT
 from captioning.models.encoder import Encoder
 
 # Weights are identified by their hash, not by how they were obtained (a checkpoint stores pretrained=false).
-_NOT_COMPARED = ("pretrained", "fine_tune")
+_NOT_COMPARED = ("pretrained", "weights", "fine_tune")
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -51,7 +51,7 @@ def check_frozen(encoder: Encoder) -> None:
     """A cache holds fixed features: refuse an encoder that training would change."""
     if any(p.requires_grad for p in encoder.parameters()):
         raise ValueError(f"a feature cache needs a frozen encoder, but {type(encoder).__name__} has trainable "
-                         "parameters; use a pretrained VGG/ResNet with encoder.fine_tune=none, or set "
+                         "parameters; use a pretrained torchvision backbone with encoder.fine_tune=none, or set "
                          "dataset.features=null to encode images on the fly")
 
 
@@ -60,9 +60,5 @@ def weights_name(encoder: Encoder) -> str:
     children = getattr(encoder, "encoders", None)  # encoder=multi: each of its encoders'
     if children is not None:
         return " + ".join(weights_name(e) for e in children)
-    arch = getattr(encoder, "arch", None)
-    if arch is None or not getattr(encoder, "pretrained", False):
-        return "random initialisation (seeded by the run's `seed`)"
-    import torchvision
-
-    return str(torchvision.models.get_model_weights(arch).DEFAULT)
+    origin = getattr(encoder, "weights_origin", None)
+    return origin() if origin is not None else "random initialisation (seeded by the run's `seed`)"

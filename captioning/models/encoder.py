@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Literal, cast
 
 import torch
-import torchvision
 from PIL import Image
 from torch import nn
 from torchvision import transforms as T
 
 from captioning.base.constraints import MAX_IMAGE_SIDE, Count, ImageSide, Range, Size, constrained
+from captioning.models.backbones import family_of, grid_width
+from captioning.models.weights import describe, load_backbone
 
 logger = logging.getLogger(__name__)
 
@@ -84,27 +85,23 @@ class SmallCNN(Encoder):
         return image if self.image_size is None else T.Resize((self.image_size, self.image_size))(image)
 
 
-def _load_torchvision(arch: str, pretrained: bool) -> nn.Module:
-    """Build a torchvision model, downloading ImageNet weights through the weights API if asked."""
-    weights = torchvision.models.get_model_weights(arch).DEFAULT if pretrained else None
-    try:
-        return torchvision.models.get_model(arch, weights=weights)
-    except OSError as err:  # URLError and friends: no network, no cached file
-        cache, name = torch.hub.get_dir(), getattr(weights, "url", "").rsplit("/", 1)[-1]
-        raise RuntimeError(
-            f"could not load pretrained {arch} weights ({err}). torchvision downloads them to "
-            f"{cache}/checkpoints; on an offline machine copy the file {name} "
-            f"there (or set TORCH_HOME), or train from scratch with encoder.pretrained=false"
-        ) from err
-
-
 class _TorchvisionEncoder(Encoder):
-    """Shared fine-tuning and preprocessing logic for ImageNet backbones."""
+    """Shared weights, fine-tuning and preprocessing logic for ImageNet backbones: `pretrained` starts from ImageNet
+    weights, `weights` says which (null: torchvision's DEFAULT; a weights name; a .pth file: models/weights.py)."""
 
     @constrained
-    def __init__(self, arch: str, pretrained: bool, fine_tune: FineTune, image_size: ImageSize):
+    def __init__(self, arch: str, pretrained: bool, fine_tune: FineTune, image_size: ImageSize,
+                 weights: str | None = None):
         super().__init__()
         self.arch, self.pretrained, self.fine_tune, self.image_size = arch, pretrained, fine_tune, image_size
+        self.weights = weights
+
+    def _backbone(self) -> nn.Module:
+        return load_backbone(self.arch, self.pretrained, self.weights)
+
+    def weights_origin(self) -> str:
+        """Where the weights came from, in words (a feature cache's meta.json, model cards)."""
+        return describe(self.arch, self.pretrained, self.weights)
 
     def _set_trainable(self, blocks: Sequence[nn.Module], top: Sequence[nn.Module]) -> None:
         trainable = {"none": [], "top": top, "all": blocks}[self.fine_tune]
@@ -133,9 +130,9 @@ class VGGEncoder(_TorchvisionEncoder):
 
     @constrained
     def __init__(self, arch: VGGArch = "vgg19", pretrained: bool = True, fine_tune: FineTune = "none",
-                 image_size: ImageSize = 224):
-        super().__init__(arch, pretrained, fine_tune, image_size)
-        vgg = _load_torchvision(arch, pretrained)
+                 image_size: ImageSize = 224, weights: str | None = None):
+        super().__init__(arch, pretrained, fine_tune, image_size, weights)
+        vgg = self._backbone()
         self.features = nn.Sequential(*list(cast(nn.Module, vgg.features).children())[:-1])  # drop the last max-pool
         self.out_dim = 512
         convs = [m for m in self.features if isinstance(m, nn.Conv2d)]
@@ -150,9 +147,9 @@ class ResNetEncoder(_TorchvisionEncoder):
 
     @constrained
     def __init__(self, arch: ResNetArch = "resnet101", pretrained: bool = True, fine_tune: FineTune = "none",
-                 grid_size: Size = 14, image_size: ImageSize = 224):
-        super().__init__(arch, pretrained, fine_tune, image_size)
-        net = _load_torchvision(arch, pretrained)
+                 grid_size: Size = 14, image_size: ImageSize = 224, weights: str | None = None):
+        super().__init__(arch, pretrained, fine_tune, image_size, weights)
+        net = self._backbone()
         self.body = nn.Sequential(*list(net.children())[:-2])  # drop avgpool and fc
         self.pool = nn.AdaptiveAvgPool2d(grid_size)
         self.out_dim = int(cast(nn.Linear, net.fc).in_features)
@@ -160,3 +157,22 @@ class ResNetEncoder(_TorchvisionEncoder):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.pool(self.body(images))  # (B, 2048, grid, grid)
+
+
+class TorchvisionEncoder(_TorchvisionEncoder):
+    """Any torchvision classification model of the families in models/backbones.py: its layers up to the last
+    feature map give the grid (7 x 7 at 224 px; VGG 14 x 14), adaptive-pooled to grid_size x grid_size if set."""
+
+    @constrained
+    def __init__(self, arch: str = "mobilenet_v2", pretrained: bool = True, weights: str | None = None,
+                 fine_tune: FineTune = "none", grid_size: Size | None = None, image_size: ImageSize = 224):
+        super().__init__(arch, pretrained, fine_tune, image_size, weights)
+        self.body = family_of(arch).body(self._backbone())
+        self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size is not None else nn.Identity()
+        self.out_dim = grid_width(self.body)
+        blocks = list(self.body.children())
+        top = [b for b in blocks if any(True for _ in b.parameters())][-1:]  # the last block with weights
+        self._set_trainable(blocks, top=top)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.body(images))  # (B, D, H/32, W/32) (VGG: /16), or (B, D, grid, grid)

@@ -41,12 +41,18 @@ def test_resnet_grid_and_frozen_batchnorm():
         ResNetEncoder("resnet50", pretrained=False, fine_tune="some")
 
 
-def test_offline_pretrained_request_fails_with_a_clear_message(monkeypatch):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+def test_offline_pretrained_request_fails_with_a_clear_message(monkeypatch, tmp_path):
+    get_model = torchvision.models.get_model
+
+    def offline(name, weights=None, **kwargs):
+        if weights is not None:
+            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+        return get_model(name, weights=None, **kwargs)
 
     monkeypatch.setattr(torchvision.models, "get_model", offline)
-    with pytest.raises(RuntimeError, match=r"hub/checkpoints.*vgg19.*encoder.pretrained=false"):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(OSError, match=r"cannot download the vgg19 weights.*encoder.weights=/path/to/vgg19-dcbb9e9d.pth"
+                                      r".*hub/checkpoints.*encoder.pretrained=false"):
         VGGEncoder("vgg19", pretrained=True)
 
 

@@ -4,14 +4,17 @@ Columns (CSV: a header row; JSON Lines: the keys of each line's object; other co
 - `image`: the image's path, relative to `image_root` (by default the table's folder); absolute paths, `..` and
   symlinks that lead out of the root are refused (readers/paths.py), so every image stays under the root;
 - `caption`: the caption as written (rows of one image give its captions, in row order);
-- `split` (optional): train, val or test (`restval` counts as train);
+- `split` (optional): train, val or test (`restval` counts as train); images of another split name (`unassigned`)
+  are skipped and counted in one warning line, but a name close to train/val/test (`trian`) is refused as a typo;
 - `image_id` (optional): an integer; without it the images are numbered 1, 2, ... in order of first appearance.
 
-Split rule without a `split` column: the distinct images, sorted by path, are shuffled with `random.Random(seed)`;
-the first `val_size` go to val, the next `test_size` to test, the rest to train (so the split does not depend on
-row order). The defaults, 1000 and 1000, are those of Karpathy's Flickr8k and Flickr30k splits.
+A split file (`split_file`: columns `image` and `split`, CSV or JSON Lines, e.g. Flickr8k's official split written as
+a table) gives each image its split instead, by the same rules; images of the caption table it does not list are
+skipped and counted. Split rule with neither: the distinct images, sorted by path, are shuffled with
+`random.Random(seed)`; the first `val_size` go to val, the next `test_size` to test, the rest to train (so the split
+does not depend on row order). The defaults, 1000 and 1000, are those of Karpathy's Flickr8k and Flickr30k splits.
 
-Bad input (a missing column, an empty image or caption, an unknown split, a non-integer id, one image with two ids
+Bad input (a missing column, an empty image or caption, a misspelt split, a non-integer id, one image with two ids
 or two splits, one id for two images, a line that is not a JSON object, a file that is not UTF-8) is refused with
 a ValueError naming the file, the line (CSV: the row's first physical line, the header being line 1) and the field.
 Captions that tokenise to nothing are skipped and counted in a warning; so are images left with no caption.
@@ -19,9 +22,6 @@ Captions that tokenise to nothing are skipped and counted in a warning; so are i
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
 import os
 import random
@@ -31,16 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
-from captioning.base.constraints import Count, File, choose_one, constrained
+from captioning.base.constraints import Count, File, choose_one, constrained, did_you_mean
 from captioning.base.jsonio import is_id
 from captioning.data.readers.paths import ImageRoot, relative_problem
 from captioning.data.readers.records import SPLITS, ImageRecord, describe
+from captioning.data.readers.table_files import REQUIRED, table_rows
 from captioning.data.tokenizers import DEFAULT_TOKENIZER, words_of
 
 logger = logging.getLogger(__name__)
-SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-COLUMNS = ("image", "caption", "split", "image_id")
-REQUIRED = ("image", "caption")
 SPLIT_VALUES = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 _INTEGER = re.compile(r"[+-]?\d+")
 
@@ -55,61 +53,18 @@ class _Image:
     captions: list[tuple[list[str], str]] = field(default_factory=list)  # (tokens, raw) in row order
 
 
-def _text(path: Path) -> str:
-    """The file's text (UTF-8, an optional byte-order mark); a missing or non-UTF-8 file gives an error naming it."""
-    if not path.is_file():
-        raise FileNotFoundError(f"file not found: {path}" if not path.exists() else f"not a file: {path}")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise OSError(f"cannot read {path}: {err.strerror or err}") from err
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"{path}: line {line}: not UTF-8 text (byte {err.start}: "
-                         f"{data[err.start:err.start + 1]!r}); save the table as UTF-8") from err
-
-
-def _csv_rows(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, {column: cell}) of each non-blank CSV row; empty optional cells are left out."""
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = [name.strip().lower() for name in next(reader, [])]
-        for name in REQUIRED:
-            if name not in header:
-                raise ValueError(f"{path}: line 1: the header lacks the '{name}' column (it has {header}); a table "
-                                 f"needs the columns image and caption, optionally split and image_id")
-        for name in COLUMNS:
-            if header.count(name) > 1:
-                raise ValueError(f"{path}: line 1: the header names the '{name}' column twice")
-        start = reader.line_num + 1
-        for row in reader:
-            line, start = start, reader.line_num + 1
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) > len(header):
-                raise ValueError(f"{path}: line {line}: the row has {len(row)} fields, the header {len(header)} "
-                                 f"(quote a caption that holds a comma)")
-            cells = dict(zip(header, row))
-            yield line, {k: v for k, v in cells.items() if k in COLUMNS and (k in REQUIRED or v.strip())}
-    except csv.Error as err:
-        raise ValueError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from err
-
-
-def _jsonl_rows(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, {column: value}) of each non-blank JSON Lines line; null values are left out."""
-    for line, content in enumerate(io.StringIO(text, newline=""), start=1):
-        if not content.strip():
-            continue
-        try:
-            obj = json.loads(content)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {line}: not valid JSON (column {err.colno}: {err.msg})") from err
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}: line {line}: must be a JSON object with 'image' and 'caption', "
-                             f"got {describe(obj)}")
-        yield line, {k: v for k, v in obj.items() if k in COLUMNS and v is not None}
+def split_value(value: Any) -> tuple[str, str | None]:
+    """A split cell: train, val or test (restval: train); another word is kept as it is, and its images are skipped
+    (`unassigned`); one close to a split's name is a typo, refused (the problem, second)."""
+    if not isinstance(value, str) or not value.strip():
+        return "", f"must be a split name, got {describe(value)}"
+    word = value.strip()
+    if word in SPLIT_VALUES:
+        return SPLIT_VALUES[word], None
+    if did_you_mean(word, list(SPLIT_VALUES)):
+        return word, (f"is {word!r:.40}: {choose_one(word, list(SPLIT_VALUES))}; a split of another name "
+                      f"(e.g. unassigned) is skipped")
+    return word, None
 
 
 def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, str] | None]:
@@ -127,9 +82,10 @@ def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, str] |
     out["image"] = PurePosixPath(out["image"])
     split = values.get("split")
     if split is not None:
-        if not isinstance(split, str) or split.strip() not in SPLIT_VALUES:
-            return out, ("split", f"is {split!r:.40}: {choose_one(str(split).strip(), list(SPLIT_VALUES))}")
-        out["split"] = SPLIT_VALUES[split.strip()]
+        value, problem = split_value(split)
+        if problem:
+            return out, ("split", problem)
+        out["split"] = value
     image_id = values.get("image_id")
     if image_id is not None:
         if isinstance(image_id, str) and _INTEGER.fullmatch(image_id.strip()):
@@ -210,27 +166,67 @@ def _seeded_split(names: Sequence[PurePosixPath], val_size: int, test_size: int,
     return {n: "val" if k < val_size else "test" if k < val_size + test_size else "train" for k, n in enumerate(order)}
 
 
+def _split_file(path: Path) -> dict[PurePosixPath, str]:
+    """image -> split of a split file (columns image, split: CSV or JSON Lines); a bad or conflicting row refused."""
+    out: dict[PurePosixPath, tuple[str, int]] = {}
+    for line, values in table_rows(path, "a split file", ("image", "split"), ("image", "split")):
+        image = values.get("image")
+        if not isinstance(image, str) or not image.strip():
+            raise ValueError(f"{path}: line {line}: 'image' is empty")
+        if problem := relative_problem(image.strip()):
+            raise ValueError(f"{path}: line {line}: 'image' {problem}")
+        split, problem = split_value(values.get("split"))
+        if problem:
+            raise ValueError(f"{path}: line {line}: 'split' {problem}")
+        name = PurePosixPath(image.strip())
+        if name in out and out[name][0] != split:
+            raise ValueError(f"{path}: line {line}: 'split' {split!r} differs from {out[name][0]!r} that line "
+                             f"{out[name][1]} gives {str(name)!r}")
+        out.setdefault(name, (split, line))
+    return {name: split for name, (split, _) in out.items()}
+
+
+def _assigned(images: dict[PurePosixPath, _Image], split_of: Mapping[PurePosixPath, str | None],
+              path: Path) -> dict[PurePosixPath, _Image]:
+    """The images whose split is train, val or test; the others (another split name, or none in a split file) are
+    skipped and counted in one warning line."""
+    kept = {n: image for n, image in images.items() if split_of.get(n) in SPLITS}
+    if len(kept) < len(images):
+        other = sorted({str(split_of.get(n)) for n in images if n not in kept})
+        captions = sum(len(image.captions) for n, image in images.items() if n not in kept)
+        logger.warning("%s: skipped %d images (%d captions) whose split is not train, val or test (%s)", path,
+                       len(images) - len(kept), captions, ", ".join(o if o != "None" else "not in the split file"
+                                                                     for o in other))
+    return kept
+
+
 @constrained
 def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
                image_root: str | os.PathLike | None = None, val_size: Count = 1000,
-               test_size: Count = 1000, seed: int = 0,
-               tokenizer: str = DEFAULT_TOKENIZER) -> dict[str, list[ImageRecord]]:
+               test_size: Count = 1000, seed: int = 0, tokenizer: str = DEFAULT_TOKENIZER,
+               split_file: Annotated[str | os.PathLike, File()] | None = None) -> dict[str, list[ImageRecord]]:
     """The requested splits of a caption table (.csv, .jsonl, .ndjson), by split; see the module docstring.
 
-    With a `split` column each image takes the split its rows give, and val_size, test_size and seed are ignored.
-    Captions are split into words by `tokenizer` (dataset.tokenizer: captioning/data/tokenizers.py).
+    With a `split_file` (columns image and split) each image takes the split it gives there (a `split` column of the
+    table is then ignored); with a `split` column each image takes the split its rows give; val_size, test_size and
+    seed are then ignored. Images of another split (e.g. `unassigned`) or not in the split file are skipped and
+    counted. Captions are split into words by `tokenizer` (dataset.tokenizer: captioning/data/tokenizers.py).
     The `dataset.reader` of conf/dataset/reader/table.yaml.
     """
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {s!r}")
     path = Path(annotations)
-    kind = SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{path}: a caption table must be a {', '.join(SUFFIXES)} file, got {path.suffix!r}")
-    rows = _csv_rows(_text(path), path) if kind == "csv" else _jsonl_rows(_text(path), path)
+    rows = table_rows(path, "a caption table")
     root = Path(image_root) if image_root is not None else path.parent
     images = _drop_empty(_under_root(_images(rows, path, words_of(tokenizer)), ImageRoot(root), path), path)
+    if split_file is not None:
+        given = _split_file(Path(split_file))
+        images = _assigned(images, given, Path(split_file))
+        for image_name, image in images.items():
+            image.split = given[image_name]
+    elif any(image.split is not None for image in images.values()):
+        images = _assigned(images, {n: image.split for n, image in images.items()}, path)
     has_split = any(image.split is not None for image in images.values())
     split_of = ({n: str(image.split) for n, image in images.items()} if has_split
                 else _seeded_split(list(images), val_size, test_size, seed))
@@ -239,7 +235,8 @@ def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, 
         out[s] = [ImageRecord(image.image_id, root / n, [t for t, _ in image.captions], [w for _, w in image.captions],
                               tokenizer=tokenizer) for n, image in images.items() if split_of[n] == s]
         if not out[s]:
-            why = _why_empty(split_of, has_split, val_size, test_size)
+            why = (f"the split file {split_file} gives it none" if split_file is not None
+                   else _why_empty(split_of, has_split, val_size, test_size))
             raise ValueError(f"{path}: split {s!r} has no images ({why})")
     return out
 
