@@ -22,6 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from captioning.base.constraints import choose_one
 from captioning.base.lock import LOCK_NAME, FolderLock
 from captioning.checkpoint import check_checkpoint_file
 from captioning.cli import fail, no_unused_folder, run_cli
@@ -60,10 +61,25 @@ def validate_evaluate_config(cfg: DictConfig) -> None:
     checkpoint refused if it is no checkpoint file, all before torch loads (an evaluate config has no `_target_`
     group to check against the models, unless it names a dataset)."""
     from captioning.config import validate_evaluate_config as validate
+    from captioning.config.schema import DatasetConfig
 
+    changes = dataset_changes(cfg)
+    if changes is not None:  # keys of the checkpoint's data set (dataset.features=...): checked by name here
+        known = list(DatasetConfig.__annotations__)
+        for key in map(str, changes):
+            if key not in known:
+                raise ValueError(f"dataset.{key} is not a data set key: {choose_one(key, known)}")
+        cfg = OmegaConf.create({k: v for k, v in cfg.items() if k != "dataset"})
     validate(cfg)
     for path in checkpoint_list(cfg.checkpoint):
         check_checkpoint_file(path)
+
+
+def dataset_changes(cfg: DictConfig) -> DictConfig | None:
+    """The `dataset.KEY=VALUE` overrides of a run without `dataset=NAME`: changes to the checkpoint's data set
+    (e.g. dataset.features, dataset.num_workers); None when the config names a data set of its own or none."""
+    given = cfg.get("dataset")
+    return given if given is not None and "reader" not in given and "name" not in given else None
 
 
 def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -85,14 +101,17 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         compile_decoding(member, ev.compile)
     select_attention_map(model, ev.attention_layer, ev.attention_head)  # an ensemble: of model ensemble.maps_from
     train_cfg = OmegaConf.create(ckpt["config"])
-    dataset_cfg = cfg.dataset if cfg.get("dataset") is not None else train_cfg.dataset
+    changes = dataset_changes(cfg)
+    own = cfg.get("dataset") is not None and changes is None  # dataset=NAME: another data set
+    dataset_cfg = cfg.dataset if own else cast(DictConfig, OmegaConf.merge(train_cfg.dataset, changes or {}))
     ensemble = len(members_of(model)) > 1
     if ensemble:
         dataset_cfg = from_images(dataset_cfg)
-    features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"])
+    features = open_features(dataset_cfg.get("features"), model.encoder, ckpt["config"]["model"]["encoder"],
+                             dataset_cfg.get("boxes"))
     with FolderLock(out_dir, "evaluation"):  # one evaluation writes into a folder at a time
         # A dataset section taken from the checkpoint writes nothing but a generated data set under data_dir.
-        within = None if cfg.get("dataset") is not None else Path(cfg.data_dir)
+        within = None if own else Path(cfg.data_dir)
         _, data = build_datasets(dataset_cfg, model.encoder.transform(), splits=[cfg.eval.split], vocab=vocab,
                                  features=features, checkpoint_data=within)
         instances = load_instances(ev.instances, data[ev.split])  # a wrong file fails before the long decode
@@ -128,12 +147,19 @@ def hydra_main(cfg: DictConfig) -> None:
     print(json.dumps(metrics, indent=2))
 
 
+def checkpoint_dataset_keys(args: list[str]) -> list[str]:
+    """Without `dataset=NAME`, `dataset.KEY=VALUE` changes the checkpoint's data set: Hydra adds the key (+)."""
+    if any(a.lstrip("+~").startswith("dataset=") for a in args):
+        return args
+    return [f"+{a}" if a.startswith("dataset.") and "=" in a else a for a in args]
+
+
 def main() -> None:
     """Console entry point `captioning-evaluate checkpoint=PATH [overrides]`."""
     if (text := bare_help(sys.argv[1:], CONF_DIR, "evaluate")) is not None:  # Hydra's text, without composing
         print(text)
         return
-    args = sys.argv[1:]
+    sys.argv[1:] = args = checkpoint_dataset_keys(sys.argv[1:])
     asks_help = bool({*HELP_FLAGS, "--hydra-help"} & set(args))
     if not any(a.lstrip("+").startswith("checkpoint=") for a in args) and not asks_help:
         fail(PROG, "give checkpoint=PATH (a best.pt or last.pt of captioning-train), or checkpoint=[A,B,...] for an "

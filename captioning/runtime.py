@@ -27,6 +27,21 @@ def _conf_dir() -> Path:
 CONF_DIR = _conf_dir()
 
 
+def _absolute(path: str) -> str:
+    """`${abspath:PATH}` in a config: PATH made absolute against the folder the command runs in, so a run's stored
+    config (and every checkpoint's) names the same files from any folder (conf/experiment/flickr8k_1k.yaml)."""
+    return str(Path(path).expanduser().absolute())
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("abspath", _absolute, replace=True)
+
+
+_register_resolvers()
+
+
 class DeviceError(ValueError):
     """A device this machine does not have (device=cuda on a CPU-only machine, cuda:N past the last GPU)."""
 

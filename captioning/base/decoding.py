@@ -10,6 +10,9 @@ from typing import Final
 
 BEAM_SIZE = 3  # hypotheses kept per image by beam search (1: greedy decoding)
 MAX_LEN = 20  # most words of a decoded caption (its <end> not counted)
+# decoding never emits <unk> (its probability is renormalised away, as ruotianluo's suppress_UNK): a caption says
+# "a man in a red shirt" rather than "a man in a <unk> shirt"; conf/eval/default.yaml's eval.suppress_unk
+SUPPRESS_UNK = True
 # how a test-time ensemble mixes its models' words (conf/evaluate.yaml's ensemble.mean, the same value): the mean of
 # their probabilities ("prob"), or of their log-probabilities ("logprob"); captioning/models/ensemble.py
 ENSEMBLE_MEAN: Final = "prob"

@@ -61,6 +61,8 @@ class DatasetConfig(TypedDict):
     reader: Target  # a registered reader, called with the splits to read
     tokenizer: NotRequired[CaptionTokenizer]  # how captions become words (data/tokenizers.py); readers take it
     features: str | list[str] | None  # a feature cache folder (captioning-extract-features); encoder=multi: one each
+    extract: NotRequired[bool]  # a training run extracts a missing or unfinished cache at `features` first
+    boxes: NotRequired[str | None]  # encoder=regions: the folder of the regions' boxes (<image id>.npy)
     prepared: NotRequired[str | None]  # where prepared captions are kept (data/prepared/store.py); null: none
     min_word_freq: Positive
     max_vocab: Annotated[int | None, Range(ge=1)]
@@ -89,6 +91,7 @@ class EvalConfig(TypedDict):
     attention_layer: NotRequired[int | None]  # decoder=transformer: the cross-attention layer figures read
     attention_head: NotRequired[Annotated[int | None, Range(ge=0)]]  # ... and one head of it (null: their mean)
     collapse_share: NotRequired[Annotated[float, Range(ge=0, le=1)]]  # one caption for more of the images: said
+    suppress_unk: NotRequired[bool]  # decoding never emits <unk>
 
 
 class TrainerConfig(TypedDict):
@@ -170,8 +173,14 @@ def _dataset_rules(v: Mapping[str, Any]) -> Iterator[Problem]:
         if isinstance(path, str) and not Path(path).is_file():
             yield key, f"={path!r}: file not found; set dataset.{key}=PATH"
     features = v.get("features")
+    if features and v.get("extract"):  # the images are read to make the cache; it need not exist yet
+        if not isinstance(features, str):
+            yield "extract", "=true takes one cache folder in dataset.features (extract encoder=multi's one by one)"
+        features = None
     folders = {"image_root": v.get("image_root")} if not features else \
         {"features": features} if isinstance(features, str) else {f"features[{i}]": p for i, p in enumerate(features)}
+    if isinstance(v.get("boxes"), str):
+        folders["boxes"] = v["boxes"]
     for key, path in folders.items():  # with cached features the images themselves are not read
         if isinstance(path, str) and not Path(path).is_dir():
             yield key, f"={path!r}: folder not found; set dataset.{key}=PATH"

@@ -50,7 +50,7 @@ def box_cells(boxes: np.ndarray, size: tuple[int, int], cells: int = REGION_GRID
 
 def paint(alphas: torch.Tensor, boxes: np.ndarray, size: tuple[int, int], cells: int = REGION_GRID) -> torch.Tensor:
     """Region weights (T, 1, n) or (T, n) -> maps (T, cells, cells) over the whole image (see the module)."""
-    weights = alphas.reshape(alphas.shape[0], -1).double()
+    weights = alphas.reshape(alphas.shape[0], alphas.shape[-1]).double()  # (T, n); an empty caption: T = 0
     if weights.shape[1] != len(boxes):
         raise ValueError(f"{weights.shape[1]} region weights but {len(boxes)} boxes")
     spread = torch.from_numpy(box_cells(boxes, size, cells))  # (n, cells, cells)

@@ -22,14 +22,13 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from captioning.base.decoding import SUPPRESS_UNK
 from captioning.data.dataset import CaptionDataset, collate
 from captioning.evaluation.outputs import write_outputs
 from captioning.evaluation.region_maps import paint_predictions, painted
 from captioning.metrics import (
     attention_correctness,
-    caption_diversity,
-    collapse_note,
-    collapsed_caption,
+    diversity_and_collapse,
     score_captions,
 )
 from captioning.metrics.chair import chair_on_shapes, is_shapes_annotation
@@ -60,11 +59,12 @@ class EvalSettings:
     attention_layer: int | None  # decoder=transformer: the cross-attention layer figures read (None: its own)
     attention_head: int | None  # ... and one head of it (None: the decoder's choice)
     collapse_share: float  # one caption for more than this share of the images: said in one line (collapse)
+    suppress_unk: bool  # decoding never emits <unk>
 
     @classmethod
     def of(cls, ev: Any) -> EvalSettings:
         """From an `eval` config section (a DictConfig). A key added after the first release (report, instances,
-        compile, attention_layer, attention_head, collapse_share) that an older section lacks takes
+        compile, attention_layer, attention_head, collapse_share, suppress_unk) that an older section lacks takes
         conf/eval/default.yaml's value."""
         def later(key: str) -> Any:
             return ev[key] if key in ev else shipped_eval()[key]
@@ -76,7 +76,7 @@ class EvalSettings:
         return cls(str(ev.split), int(ev.beam_size), int(ev.max_len), float(ev.length_penalty),
                    int(ev.batch_size), tuple(ev.metrics), int(ev.num_figures), bool(later("report")),
                    later("instances") or None, bool(later("compile")), later("attention_layer"),
-                   later("attention_head"), collapse_share)
+                   later("attention_head"), collapse_share, bool(later("suppress_unk")))
 
     @classmethod
     def shipped(cls, **changes: Any) -> EvalSettings:
@@ -95,8 +95,8 @@ Decode = Callable[[Captioner, CaptionDataset, EvalSettings], "Sequence[Predictio
 
 @torch.no_grad()
 def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int, length_penalty: float = 0.0,
-                 batch_size: int = 50, progress: bool = True) -> list[Prediction]:
-    """Caption every image of a data set (real decoding, not teacher forcing)."""
+                 batch_size: int = 50, progress: bool = True, suppress_unk: bool = SUPPRESS_UNK) -> list[Prediction]:
+    """Caption every image of a data set (real decoding, not teacher forcing); `suppress_unk`: never <unk>."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -109,7 +109,8 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
         if not batch.indices:
             continue
         mask = None if batch.mask is None else batch.mask.to(device)
-        decoded, (h, w) = model.generate(batch.images.to(device), beam_size, max_len, length_penalty, mask=mask)
+        decoded, (h, w) = model.generate(batch.images.to(device), beam_size, max_len, length_penalty, mask=mask,
+                                         suppress_unk=suppress_unk)
         counts = [h * w] * len(batch.indices) if batch.mask is None else batch.mask.sum(dim=1).tolist()
         betas = decoded.channels if sentinel and decoded.channels is not None else [None] * len(decoded.tokens)
         for i, toks, alpha, n, beta in zip(batch.indices, decoded.tokens, decoded.alphas, counts, betas):
@@ -145,7 +146,7 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
     recs = [dataset.records[p.index] for p in preds]
     sizes = [r.size for r in recs]
     if region_sets(dataset) and not painted(preds):
-        logger.info("attention correctness is not computed for region sets without boxes: no map over the image")
+        pass  # one weight per region, no map over the image: painted on the boxes at the test, if there are any
     elif all(r.word_boxes for r in recs) and all(size is not None for size in sizes):
         ac = attention_correctness([p.words for p in preds], [p.alphas.numpy() for p in preds],
                                    [r.word_boxes for r in recs], cast(list[tuple[int, int]], sizes))
@@ -155,12 +156,11 @@ def score_predictions(preds: list[Prediction], dataset: CaptionDataset, metrics:
         out.update(chair.overall)
         for p in preds:
             p.scores.update(chair.per_image[p.image_id])
-    out.update(caption_diversity([p.words for p in preds]))  # beside the n-gram scores: how varied the captions are
     threshold = float(shipped_eval()["collapse_share"]) if collapse_share is None else collapse_share
-    collapsed = collapsed_caption([p.words for p in preds], threshold)
-    if collapsed is not None:
-        out["collapsed_caption"] = collapsed
-        logger.warning(collapse_note(collapsed, out["top_caption_share"], len(preds), threshold))
+    diversity, note = diversity_and_collapse([p.words for p in preds], threshold)
+    out.update(diversity)  # beside the n-gram scores: how varied the captions are
+    if note is not None:
+        logger.warning(note)
     out["num_images"] = len(preds)
     out["skipped_images"] = len(dataset) - len(preds)  # unreadable images are counted, never silently dropped
     return out
@@ -196,7 +196,8 @@ def instance_correctness(preds: list[Prediction], instances: CocoInstances, mode
 
 
 def _decode(model: Captioner, dataset: CaptionDataset, ev: EvalSettings) -> list[Prediction]:
-    return decode_split(model, dataset, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size)
+    return decode_split(model, dataset, ev.beam_size, ev.max_len, ev.length_penalty, ev.batch_size,
+                        suppress_unk=ev.suppress_unk)
 
 
 def evaluate_split(model: Captioner, dataset: CaptionDataset, ev: EvalSettings, out_dir: Path,

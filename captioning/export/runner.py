@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from captioning.base.decoding import BEAM_SIZE, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN, SUPPRESS_UNK
 from captioning.data.images import load_image
 from captioning.data.vocab import Vocabulary
 from captioning.export import preprocess
@@ -133,19 +133,19 @@ class Runner:
         return preprocess.view(image, self.manifest.preprocess["steps"])
 
     def caption(self, images: Sequence[ImageInput], beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
-                length_penalty: float = 0.0, batch_size: int = 32) -> list[Caption]:
+                length_penalty: float = 0.0, batch_size: int = 32, suppress_unk: bool = SUPPRESS_UNK) -> list[Caption]:
         """Caption images (paths or PIL images) as `Captioner.generate` does: greedy for beam 1, else beam search."""
         out: list[Caption] = []
         for i in range(0, len(images), batch_size):
             batch = np.stack([self.pixels(im) for im in images[i: i + batch_size]])  # (B, 3, H, W)
-            out += self.caption_pixels(batch, beam_size, max_len, length_penalty)
+            out += self.caption_pixels(batch, beam_size, max_len, length_penalty, suppress_unk)
         return out
 
     def caption_pixels(self, images: np.ndarray, beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
-                       length_penalty: float = 0.0) -> list[Caption]:
+                       length_penalty: float = 0.0, suppress_unk: bool = SUPPRESS_UNK) -> list[Caption]:
         """Caption preprocessed images (B, 3, H, W) in one batch."""
         h, w = self.manifest.grid
-        found: list[Found] = decode(self, self.encode(images), beam_size, max_len, length_penalty)
+        found: list[Found] = decode(self, self.encode(images), beam_size, max_len, length_penalty, suppress_unk)
         sentinel = (self.manifest.model.get("decoder") or {}).get("_target_") == "adaptive"
         out = []
         for f in found:

@@ -1,12 +1,12 @@
 """Greedy decoding and beam search in NumPy over exported graphs: the captions of `models/decoding.py`, word for word.
 
-These are ports of `models.decoding.greedy_decode` and `beam_search` (the reference; keep the two in step), for
-any `Steps` backend (ONNX Runtime sessions, or TorchScript modules in the tests): the same renormalised word
-log-probabilities (without <start> and <pad>), the same pool of finished captions, stop rule, length penalty,
-max_len candidates, tie rules (the first beam on equal <end> scores, the first word on equal greedy scores; a
-finished caption wins a tie) and float32 arithmetic. Beam search repeats a and keys per beam (the graphs take one
-row of each per state row) instead of sharing them, which gives the same numbers. Rows that have finished drop
-out of the batch, as in the reference, which changes no caption.
+These are ports of `models.decoding.greedy_decode` and `beam_search` (the reference; keep the two in step), for any
+`Steps` backend (ONNX Runtime sessions, or TorchScript modules in the tests): the same renormalised word log-
+probabilities (without <start> and <pad>, and <unk> when suppressed), the same pool of finished captions, stop rule,
+length penalty, max_len candidates, tie rules (the first beam on equal <end> scores, the first word on equal greedy
+scores; a finished caption wins a tie) and float32 arithmetic. Beam search repeats a and keys per beam (the graphs
+take one row of each per state row) instead of sharing them, which gives the same numbers. Rows that have finished
+drop out of the batch, as in the reference, which changes no caption.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Protocol
 import numpy as np
 
 from captioning.base.constraints import check_decoding
+from captioning.base.decoding import SUPPRESS_UNK
 
-PAD, START, END = 0, 1, 2  # captioning.data.vocab.Vocabulary's ids (the manifest's vocab starts with them)
+PAD, START, END, UNK = 0, 1, 2, 3  # captioning.base.tokens' ids (the manifest's vocab starts with them)
 NEG_INF = np.float32(-np.inf)
 
 State = list[np.ndarray]  # the decoder state, flattened: every array row first
@@ -43,10 +44,11 @@ class Found:
     alphas: np.ndarray
 
 
-def word_log_probs(logits: np.ndarray) -> np.ndarray:
-    """log p(word) (N, V) renormalised without <start> and <pad>, as `captioning.models.decoding.word_log_probs`."""
+def word_log_probs(logits: np.ndarray, suppress_unk: bool = SUPPRESS_UNK) -> np.ndarray:
+    """log p(word) (N, V) renormalised without <start> and <pad> (and <unk> with `suppress_unk`), as
+    `captioning.models.decoding.word_log_probs`."""
     x = logits.astype(np.float32, copy=True)
-    x[:, [START, PAD]] = NEG_INF
+    x[:, [START, PAD, UNK][:3 if suppress_unk else 2]] = NEG_INF
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))  # (N, V)
 
@@ -56,7 +58,7 @@ def _rows(state: State, index: np.ndarray) -> State:
     return [s[index] for s in state]
 
 
-def greedy(steps: Steps, a: np.ndarray, max_len: int) -> list[Found]:
+def greedy(steps: Steps, a: np.ndarray, max_len: int, suppress_unk: bool = SUPPRESS_UNK) -> list[Found]:
     """The most likely word at every step, for annotation grids a (B, L, D)."""
     check_decoding(1, max_len, 0.0)
     B, L = a.shape[:2]
@@ -71,7 +73,7 @@ def greedy(steps: Steps, a: np.ndarray, max_len: int) -> list[Found]:
         logits, alpha, state = steps.step(words, a, keys, state)
         if t == 0 and alpha.shape[1] != L:
             maps = np.zeros((B, max_len, alpha.shape[1]), dtype=np.float32)
-        logp = word_log_probs(logits)  # (b, V)
+        logp = word_log_probs(logits, suppress_unk)  # (b, V)
         words = np.where(finished, PAD, logp.argmax(axis=1))  # (b,); finished captions are fed <pad>
         scores[live] += np.where(finished, np.float32(0), logp[np.arange(len(words)), words])
         seqs[live, t], maps[live, t] = words, alpha
@@ -109,7 +111,8 @@ def _backtrack(tokens: np.ndarray, parents: np.ndarray, alphas: np.ndarray, leng
     return words[::-1], np.stack(maps[::-1]) if maps else np.zeros((0, L), dtype=np.float32)
 
 
-def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0) -> list[Found]:
+def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0,
+         suppress_unk: bool = SUPPRESS_UNK) -> list[Found]:
     """Batched beam search with a pool of finished captions per image (rules: `models.decoding.beam_search`)."""
     check_decoding(beam_size, max_len, length_penalty)
     B, k, lp = a.shape[0], beam_size, float(length_penalty)
@@ -131,7 +134,7 @@ def beam(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penal
         b = len(live)
         if t > 0:
             logits, alpha, state = steps.step(words, a, keys, state)
-        cand = (word_log_probs(logits) + scores.reshape(-1, 1)).reshape(b, k, -1)  # (b, k, V) raw log p
+        cand = (word_log_probs(logits, suppress_unk) + scores.reshape(-1, 1)).reshape(b, k, -1)  # (b, k, V) raw log p
         V = cand.shape[2]
         end_beam = cand[:, :, END].argmax(axis=1)  # (b,) the best continuation by <end>: the first on a tie
         end_score = cand[np.arange(b), end_beam, END]
@@ -176,11 +179,12 @@ def _repeat(state: State, k: int) -> State:
     return [np.repeat(s, k, axis=0) for s in state]
 
 
-def decode(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0) -> list[Found]:
+def decode(steps: Steps, a: np.ndarray, beam_size: int, max_len: int, length_penalty: float = 0.0,
+           suppress_unk: bool = SUPPRESS_UNK) -> list[Found]:
     """What `Captioner.generate` does with a: greedy for beam 1 without a length penalty, else beam search."""
     if beam_size == 1 and length_penalty == 0:
-        return greedy(steps, a, max_len)
-    return beam(steps, a, beam_size, max_len, length_penalty)
+        return greedy(steps, a, max_len, suppress_unk)
+    return beam(steps, a, beam_size, max_len, length_penalty, suppress_unk)
 
 
 def words_of(tokens: Sequence[int], itos: Sequence[str]) -> list[str]:

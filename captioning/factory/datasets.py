@@ -79,6 +79,12 @@ def load_records(dataset_cfg: DictConfig | Mapping[str, Any], splits: Sequence[s
         return reader(splits=list(splits), **kwargs)
 
 
+def all_records(dataset_cfg: DictConfig | Mapping[str, Any]) -> list[ImageRecord]:
+    """Every image of the train, val and test splits (what a feature cache for the data set holds)."""
+    records = load_records(dataset_cfg, SPLITS)
+    return [r for s in SPLITS for r in records[s]]
+
+
 def load_table(dataset_cfg: DictConfig | Mapping[str, Any], write: bool = True,
                within: Path | None = None) -> CaptionTable | None:
     """Every split's captions from the prepared set under `dataset.prepared` (built first if none fits: see

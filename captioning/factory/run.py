@@ -13,9 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from captioning.evaluation.split import EvalSettings, load_instances
 from captioning.factory import registry
-from captioning.factory.datasets import build_datasets
+from captioning.factory.datasets import all_records, build_datasets
 from captioning.factory.models import build_captioner, build_encoder, model_config
 from captioning.features.cache import open_features
+from captioning.features.extract import extract_features
 from captioning.models.captioner import compile_decoding, select_attention_map
 from captioning.runtime import resolve_device
 from captioning.training import distributed, precision
@@ -54,8 +55,11 @@ def build_run(cfg: DictConfig) -> RunParts:
     with distributed.main_process_first():  # rank 0 downloads weights / generates data; the others reuse them
         # first: missing pretrained weights are reported before data is read
         encoder = build_encoder(cfg.encoder)
+        if cfg.dataset.get("extract") and cfg.dataset.get("features"):  # the cache made first, once
+            extract_features(all_records(cfg.dataset), encoder, spec["encoder"], cfg.dataset.features,
+                             num_workers=int(cfg.dataset.num_workers), progress=bool(cfg.trainer.progress))
         # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
-        features = open_features(cfg.dataset.get("features"), encoder, spec["encoder"])
+        features = open_features(cfg.dataset.get("features"), encoder, spec["encoder"], cfg.dataset.get("boxes"))
         vocab, data = build_datasets(cfg.dataset, encoder.transform(), ["train", "val", ev.split],
                                      features=features)
     objective.prepare(data["train"])  # objective=scst: the reward's references, tokenized once

@@ -150,16 +150,19 @@ class StackedFeatures:
             c.require(records)
 
 
-def open_features(path: Any, encoder: Encoder,
-                  encoder_cfg: Mapping[str, Any]) -> FeatureCache | StackedFeatures | RegionCache | RegionFolder | None:
+def open_features(path: Any, encoder: Encoder, encoder_cfg: Mapping[str, Any],
+                  boxes: str | None = None) -> FeatureCache | StackedFeatures | RegionCache | RegionFolder | None:
     """The cache `dataset.features` names, checked against the model's encoder; None when it is not set. A list
     names one cache per encoder of encoder=multi (each checked against its encoder), in its order. encoder=regions
-    reads a region source (features/regions.py) of its width."""
+    reads a region source (features/regions.py) of its width, with its boxes in `boxes` (dataset.boxes) if given."""
     if isinstance(encoder, RegionFeatures):
         if not path or isinstance(path, (list, tuple, ListConfig)):
             raise ValueError("encoder=regions needs dataset.features: one region cache (captioning-convert-regions) or "
                              "folder of per-image npz files")
-        return open_regions(str(path), encoder.out_dim)
+        return open_regions(str(path), encoder.out_dim, boxes)
+    if boxes:
+        raise ValueError(f"dataset.boxes={boxes} goes with encoder=regions (the boxes of region features); a grid "
+                         "encoder's cells cover the image without boxes")
     if not path:
         return None
     if not isinstance(path, (list, tuple, ListConfig)) and is_region_cache(str(path)):

@@ -88,7 +88,10 @@ def _start(out: Path, fp: dict[str, Any], image_ids: list[int], overwrite: bool)
         if done == 0:
             for name in names[1:]:
                 (out / name).unlink(missing_ok=True)
-        logger.info("resuming the feature cache %s at image %d of %d", out, done, len(image_ids))
+        if done < len(image_ids):
+            logger.info("resuming the feature cache %s at image %d of %d", out, done, len(image_ids))
+        else:
+            logger.info("the feature cache %s holds all %d images", out, done)
         return done
     if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not overwrite and \
             not (out / "meta.json").is_file():  # the extraction's own lock file is not someone else's file

@@ -11,8 +11,13 @@ batch's sets and gives their mask, which every attention honours):
     boxes.bin      their boxes, (regions, 4) float32, x0 y0 x1 y1 in the image's pixels
     progress.json  during conversion: what is written so far (the conversion continues from it)
 * `RegionFolder`, the per-image files of ruotianluo's conversion: `<folder>/<image id>.npz` with key `feat`
-  (regions, dim) (or `<image id>.npy`), and the boxes in the sibling folder whose name ends in `_box` instead of
-  `_att` (cocobu_att -> cocobu_box), `<image id>.npy` (regions, 4), if it exists.
+  (regions, dim) (or `<image id>.npy`), and the boxes `<image id>.npy` (regions, 4) in the folder `dataset.boxes`
+  names, or else in the sibling folder whose name ends in `_box` instead of `_att` (cocobu_att -> cocobu_box), if it
+  exists. Without boxes, one warning says what is not drawn and how to give them.
+* `GridFolder`, the same per-image files holding a grid instead of a set: `feat` an (h, w, dim) array, the same
+  (h, w) for every image, its rows top to bottom, its cells left to right, covering the whole image. The cells keep
+  their layout (the data set gives (h w, dim) grids, as a feature cache does), so every attention that reads the
+  grid (local, location, monotonic) works on it, and the maps are drawn over the image as a grid encoder's are.
 
 Every image's features are checked as they are read: a 2-D array of `dim` columns and finite values, else one
 ValueError naming the file (a file from someone else is data: SECURITY.md; npz files are read without pickle).
@@ -20,6 +25,7 @@ ValueError naming the file (a file from someone else is data: SECURITY.md; npz f
 
 from __future__ import annotations
 
+import logging
 import os
 import zipfile
 from collections.abc import Sequence
@@ -35,6 +41,7 @@ from captioning.data.prepared.arrays import SplitView
 from captioning.data.readers.records import ImageRecord
 from captioning.features.checks import read_cache_json, read_optional, shown
 
+logger = logging.getLogger(__name__)
 REGION_FORMAT = "captioning-regions/v1"
 HOW_TO_CONVERT = "captioning-convert-regions --tsv FILE [FILE ...] --out PATH"
 
@@ -160,17 +167,24 @@ def _check_index(root: Path, index: Any) -> tuple[list[int], list[int], list[tup
 
 class RegionFolder:
     """Per-image region files (ruotianluo's cocobu_att): `folder[image_id]` reads `<id>.npz` (key `feat`) or
-    `<id>.npy`; `boxes(image_id)` reads the sibling `_box` folder's `<id>.npy` (None without that folder)."""
+    `<id>.npy`; `boxes(image_id)` reads `<id>.npy` of the box folder (`boxes`, or the sibling `_box` folder; None
+    without one)."""
 
     sets = True
 
-    def __init__(self, folder: str | os.PathLike, dim: int):
+    def __init__(self, folder: str | os.PathLike, dim: int, boxes: str | os.PathLike | None = None):
         self.root, self.dim = Path(folder), dim
         if not self.root.is_dir():
             raise FileNotFoundError(f"no region folder at {self.root}")
+        if boxes is not None and not Path(boxes).is_dir():
+            raise FileNotFoundError(f"dataset.boxes={boxes}: no such folder (the boxes <image id>.npy of the regions)")
         name = self.root.name
-        box = self.root.with_name(name[:-4] + "_box") if name.endswith("_att") else None
+        box = Path(boxes) if boxes is not None else self.root.with_name(name[:-4] + "_box") \
+            if name.endswith("_att") else None
         self.box_root = box if box is not None and box.is_dir() else None
+        if self.box_root is None and self.sets:
+            logger.warning("the regions in %s have no boxes (dataset.boxes=FOLDER of <image id>.npy, x0 y0 x1 y1 in "
+                           "pixels): figures, the report's maps and attention correctness are skipped", self.root)
 
     def _file(self, image_id: int) -> Path:
         for suffix in (".npz", ".npy"):
@@ -228,13 +242,44 @@ def _load(path: Path, key: str) -> np.ndarray:
                           ) from None
 
 
-def open_regions(path: str | os.PathLike, dim: int) -> RegionCache | RegionFolder:
-    """The region source at `path` for encoder=regions of width `dim`: a converted cache (it has meta.json or
-    progress.json) or a folder of per-image files."""
+class GridFolder(RegionFolder):
+    """Per-image grid files: `folder[image_id]` is `<id>.npz`'s (h, w, dim) array flattened to (h w, dim), rows
+    first; every image's (h, w) is the first one's (`grid`). The grid covers the whole image (no boxes needed)."""
+
+    sets = False
+
+    def __init__(self, folder: str | os.PathLike, dim: int, grid: tuple[int, int]):
+        super().__init__(folder, dim)
+        self.grid = grid
+
+    def __getitem__(self, image_id: int) -> torch.Tensor:
+        path = self._file(image_id)
+        a = _load(path, "feat")
+        if a.ndim != 3 or tuple(a.shape[:2]) != self.grid:
+            raise RegionError(f"{path} holds {'x'.join(map(str, a.shape))}, not the {self.grid[0]} x {self.grid[1]} "
+                              f"x {self.dim} grid of the folder's other files")
+        return torch.from_numpy(check_regions(a.reshape(-1, a.shape[2]), self.dim, str(path)))  # (h w, dim)
+
+    def boxes(self, image_id: int) -> None:
+        return None
+
+
+def open_regions(path: str | os.PathLike, dim: int,
+                 boxes: str | os.PathLike | None = None) -> RegionCache | RegionFolder | GridFolder:
+    """The source at `path` for encoder=regions of width `dim`: a converted region cache (it has meta.json or
+    progress.json), or a folder of per-image files: region sets (2-D arrays; their boxes in `boxes`) or grids
+    (3-D arrays, judged by the first file)."""
     root = Path(path)
     if (root / "meta.json").exists() or (root / "progress.json").exists():
         return RegionCache.open(root, dim)
-    return RegionFolder(root, dim)
+    first = next((p for p in sorted(root.iterdir()) if p.suffix in (".npz", ".npy") and p.stem.isdigit()), None) \
+        if root.is_dir() else None
+    shape = _load(first, "feat").shape if first is not None else ()
+    if len(shape) == 3:
+        if shape[0] != shape[1]:
+            raise RegionError(f"{first} holds a {shape[0]} x {shape[1]} grid: grid features must be square (h = w)")
+        return GridFolder(root, dim, (shape[0], shape[1]))
+    return RegionFolder(root, dim, boxes)
 
 
 def is_region_cache(path: str | os.PathLike) -> bool:

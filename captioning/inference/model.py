@@ -26,7 +26,7 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from captioning.base.decoding import BEAM_SIZE, ENSEMBLE_MEAN, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, ENSEMBLE_MEAN, MAX_LEN, SUPPRESS_UNK
 from captioning.data.images import load_image, to_rgb
 from captioning.data.vocab import Vocabulary
 from captioning.factory.load import load_ensemble, load_model
@@ -103,18 +103,21 @@ class CaptionModel:
 
     @overload
     def caption(self, images: ImageInput, beam_size: int = ..., max_len: int = ...,  # type: ignore[overload-overlap]
-                batch_size: int = ..., alternatives: int = ..., length_penalty: float = ...) -> CaptionResult: ...
+                batch_size: int = ..., alternatives: int = ..., length_penalty: float = ...,
+                suppress_unk: bool = ...) -> CaptionResult: ...
 
     @overload
     def caption(self, images: Sequence[ImageInput], beam_size: int = ..., max_len: int = ..., batch_size: int = ...,
-                alternatives: int = ..., length_penalty: float = ...) -> list[CaptionResult]: ...
+                alternatives: int = ..., length_penalty: float = ...,
+                suppress_unk: bool = ...) -> list[CaptionResult]: ...
 
     def caption(self, images: ImageInput | Sequence[ImageInput], beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
-                batch_size: int = 16, alternatives: int = 0,
-                length_penalty: float = 0.0) -> CaptionResult | list[CaptionResult]:
+                batch_size: int = 16, alternatives: int = 0, length_penalty: float = 0.0,
+                suppress_unk: bool = SUPPRESS_UNK) -> CaptionResult | list[CaptionResult]:
         """Caption one image (a path or a PIL image) or a list of them, `batch_size` images per forward pass.
 
         `alternatives` = n > 0 also returns the n best captions the beam search found (the first is the caption).
+        `suppress_unk` (the default): no caption holds <unk>.
         One image gives one CaptionResult, a list gives a list in the same order.
         """
         single = isinstance(images, (str, os.PathLike, Image.Image))
@@ -126,13 +129,14 @@ class CaptionModel:
             chunk = items[start:start + batch_size]
             pictures = [x if isinstance(x, Image.Image) else load_image(x) for x in chunk]
             sources = [f"<image {start + i}>" if isinstance(x, Image.Image) else str(x) for i, x in enumerate(chunk)]
-            results += self.caption_batch(pictures, sources, beam_size, max_len, alternatives, length_penalty)
+            results += self.caption_batch(pictures, sources, beam_size, max_len, alternatives, length_penalty,
+                                          suppress_unk)
         return results[0] if single else results
 
     @torch.no_grad()
     def caption_batch(self, images: Sequence[Image.Image], sources: Sequence[str], beam_size: int = BEAM_SIZE,
-                      max_len: int = MAX_LEN, alternatives: int = 0,
-                      length_penalty: float = 0.0) -> list[CaptionResult]:
+                      max_len: int = MAX_LEN, alternatives: int = 0, length_penalty: float = 0.0,
+                      suppress_unk: bool = SUPPRESS_UNK) -> list[CaptionResult]:
         """Caption images already read (RGB), in one forward pass per input size; results in the given order."""
         if alternatives < 0:
             raise ValueError(f"alternatives must be >= 0, got {alternatives}")
@@ -145,7 +149,7 @@ class CaptionModel:
         for rows in by_shape.values():
             batch = torch.stack([tensors[i] for i in rows]).to(self.device)
             decoded, (h, w) = self.model.generate(batch, beam_size, max_len, length_penalty,
-                                                  n_best=max(alternatives, 1))
+                                                  n_best=max(alternatives, 1), suppress_unk=suppress_unk)
             for j, i in enumerate(rows):
                 maps = decoded.alphas[j].view(-1, h, w)
                 alts = [Alternative(tuple(self.vocab.decode(toks)), score)

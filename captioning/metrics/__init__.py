@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "caption_diversity": "diversity",
     "collapsed_caption": "diversity",
     "collapse_note": "diversity",
+    "diversity_and_collapse": "diversity",
 }
 
 __all__ = list(_EXPORTS)
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from captioning.metrics.cider import CiderD
     from captioning.metrics.coco import TOKENIZERS, VALID_METRICS, CaptionScores, score_captions
     from captioning.metrics.coco_attention import CocoInstances, category_mentions, coco_attention_correctness
-    from captioning.metrics.diversity import caption_diversity, collapse_note, collapsed_caption
+    from captioning.metrics.diversity import caption_diversity, collapse_note, collapsed_caption, diversity_and_collapse
     from captioning.metrics.fast_scores import bleu, rouge_l
     from captioning.metrics.java import java_ptb_tokenize
     from captioning.metrics.tokenizer import PUNCTUATIONS, ptb_tokenize

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
+
+# one caption for more than this share of the images is said in one line: conf/eval/default.yaml's
+# eval.collapse_share, the same value (tests/config/test_one_default_per_fact.py), for captioning-score's default
+COLLAPSE_SHARE = 0.5
 
 
 def caption_diversity(captions: Sequence[Sequence[str]], opening_words: int = 2) -> dict[str, float]:
@@ -32,6 +37,17 @@ def collapsed_caption(captions: Sequence[Sequence[str]], share: float) -> str | 
         return None
     caption, count = Counter(" ".join(c) for c in captions).most_common(1)[0]
     return caption if count > share * len(captions) else None
+
+
+def diversity_and_collapse(captions: Sequence[Sequence[str]], threshold: float) -> tuple[dict[str, Any], str | None]:
+    """caption_diversity, with `collapsed_caption` when one caption is given for more than `threshold` of the images,
+    and the one line that says so (None when none is)."""
+    out: dict[str, Any] = dict(caption_diversity(captions))
+    collapsed = collapsed_caption(captions, threshold)
+    if collapsed is None:
+        return out, None
+    out["collapsed_caption"] = collapsed
+    return out, collapse_note(collapsed, out["top_caption_share"], len(captions), threshold)
 
 
 def collapse_note(caption: str, share: float, total: int, threshold: float | None = None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from captioning.base.decoding import BEAM_SIZE, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN, SUPPRESS_UNK
 from captioning.models.attention import HardAttention, core_of
 from captioning.models.decoded import Decoded
 from captioning.models.decoders.base import Decoder, DecoderOutput
@@ -66,15 +66,16 @@ class Captioner(nn.Module):
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
-                 length_penalty: float = 0.0, n_best: int = 1,
-                 mask: torch.Tensor | None = None) -> tuple[Decoded, tuple[int, int]]:
+                 length_penalty: float = 0.0, n_best: int = 1, mask: torch.Tensor | None = None,
+                 suppress_unk: bool = SUPPRESS_UNK) -> tuple[Decoded, tuple[int, int]]:
         """Caption a batch of images (or cached annotations, or region sets with their `mask`); returns the captions
         and the attention grid (h, w) (region sets: (1, L), each row's maps zero past its own regions).
 
         With n_best > 1 the beam search also returns up to n_best alternatives per image (`Decoded.alternatives`).
+        With `suppress_unk` (the default) no caption holds <unk>.
         """
         a, grid = self.encode(images, mask)  # (B, L, D)
-        return decode(self.decoder, a, beam_size, max_len, length_penalty, n_best, mask, grid), grid
+        return decode(self.decoder, a, beam_size, max_len, length_penalty, n_best, mask, grid, suppress_unk), grid
 
 
 class CompiledStep:

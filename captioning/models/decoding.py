@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from captioning.base.constraints import check_decoding
-from captioning.base.tokens import END_ID, PAD_ID, START_ID
+from captioning.base.decoding import SUPPRESS_UNK
+from captioning.base.tokens import END_ID, PAD_ID, START_ID, UNK_ID
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoded import Decoded, backtrack, finish
 from captioning.models.fused.dtypes import autocast_input
@@ -41,13 +42,14 @@ class StepDecoder(Protocol):
 
 
 def word_log_probs(logits: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
-    """log p(word) renormalised without `special` (<start> and <pad>), which are never targets in training."""
+    """log p(word) renormalised without `special` (<start> and <pad>, which are never targets in training; <unk>
+    when it is suppressed)."""
     return F.log_softmax(logits.index_fill(1, special, float("-inf")), dim=-1)  # (N, V)
 
 
-def special_ids(device: torch.device) -> torch.Tensor:
-    """The ids decoding never emits: <start> and <pad>."""
-    return torch.tensor([START_ID, PAD_ID], device=device)
+def special_ids(device: torch.device, suppress_unk: bool = False) -> torch.Tensor:
+    """The ids decoding never emits: <start> and <pad>, and <unk> with `suppress_unk`."""
+    return torch.tensor([START_ID, PAD_ID, UNK_ID][:3 if suppress_unk else 2], device=device)
 
 
 def compact_due(done: torch.Tensor) -> tuple[bool, bool]:
@@ -66,8 +68,8 @@ def _put(out: torch.Tensor, live: torch.Tensor | None, value: torch.Tensor) -> N
 
 
 @torch.no_grad()
-def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
-                  mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
+def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int, mask: torch.Tensor | None = None,
+                  grid: tuple[int, int] | None = None, suppress_unk: bool = SUPPRESS_UNK) -> Decoded:
     """Pick the most likely word at every step, for a batch of annotation grids a (B, L, D).
 
     Captions that have ended drop out of the batch (once a quarter of the running ones has): the others decode
@@ -85,7 +87,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
     maps: torch.Tensor | None = None  # alpha_t of each word (and its channel weights), allocated at step 0
     lengths = torch.full((B,), max_len, dtype=torch.long, device=a.device)  # words before <end>
     run_scores, run_lengths = scores.clone(), lengths.clone()  # of the running rows
-    special = special_ids(a.device)
+    special = special_ids(a.device, suppress_unk)
     a = autocast_input(a)  # under bf16/fp16 autocast: cast once, not at every step (the buffers stay float32)
     for t in range(max_len):
         logits, state, att = decoder.step(words, state, a, keys, mask)
@@ -118,7 +120,7 @@ def greedy_decode(decoder: StepDecoder, a: torch.Tensor, max_len: int,
 @torch.no_grad()
 def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: int,
                 length_penalty: float = 0.0, mask: torch.Tensor | None = None,
-                grid: tuple[int, int] | None = None, n_best: int = 1) -> Decoded:
+                grid: tuple[int, int] | None = None, n_best: int = 1, suppress_unk: bool = SUPPRESS_UNK) -> Decoded:
     """Batched beam search (B images x k beams in one tensor) with a pool of finished captions per image.
 
     Length n of a hypothesis: its words plus its <end> if it has one (the number of log-probs in its score);
@@ -173,7 +175,7 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
     out = [best_raw.clone(), best_len.clone(), best_beam.clone(), *[p.clone() for p in pool]]
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     live: torch.Tensor | None = None  # the image of each searching row (None: all, in order)
-    special, steps = special_ids(dev), max_len
+    special, steps = special_ids(dev, suppress_unk), max_len
     words = tokens[0, :, 0]  # placeholder: step 0 ran above; every step sets the next words (B k,)
     for t in range(max_len):
         b = scores.shape[0]
@@ -234,12 +236,14 @@ def beam_search(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: 
 
 
 def decode(decoder: StepDecoder, a: torch.Tensor, beam_size: int, max_len: int, length_penalty: float = 0.0,
-           n_best: int = 1, mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Decoded:
+           n_best: int = 1, mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None,
+           suppress_unk: bool = SUPPRESS_UNK) -> Decoded:
     """Greedy decoding where it gives beam search's captions without the pool (beam 1, no length penalty, one
-    caption), else beam search: what every captioner's `generate` runs."""
+    caption), else beam search: what every captioner's `generate` runs. `suppress_unk`: never emit <unk>."""
     if beam_size == 1 and length_penalty == 0 and n_best == 1:
-        return greedy_decode(decoder, a, max_len, mask=mask, grid=grid)
-    return beam_search(decoder, a, beam_size, max_len, length_penalty, mask=mask, grid=grid, n_best=n_best)
+        return greedy_decode(decoder, a, max_len, mask=mask, grid=grid, suppress_unk=suppress_unk)
+    return beam_search(decoder, a, beam_size, max_len, length_penalty, mask=mask, grid=grid, n_best=n_best,
+                       suppress_unk=suppress_unk)
 
 
 def _merge_pool(pool: list[torch.Tensor], raw: torch.Tensor, length: int, lp: float) -> list[torch.Tensor]:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from captioning.base.decoding import BEAM_SIZE, ENSEMBLE_MEAN, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, ENSEMBLE_MEAN, MAX_LEN, SUPPRESS_UNK
 from captioning.models.attention import AttentionOutput
 from captioning.models.captioner import Captioner
 from captioning.models.decoded import Decoded
@@ -137,8 +137,8 @@ class Ensemble(Captioner):
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, beam_size: int = BEAM_SIZE, max_len: int = MAX_LEN,
-                 length_penalty: float = 0.0, n_best: int = 1,
-                 mask: torch.Tensor | None = None) -> tuple[Decoded, tuple[int, int]]:
+                 length_penalty: float = 0.0, n_best: int = 1, mask: torch.Tensor | None = None,
+                 suppress_unk: bool = SUPPRESS_UNK) -> tuple[Decoded, tuple[int, int]]:
         """Caption a batch of images (B, 3, H, W) with the ensemble; returns the captions (maps of model
         `maps_from`) and that model's attention grid (h, w)."""
         if images.dim() != 4 or mask is not None:
@@ -150,7 +150,7 @@ class Ensemble(Captioner):
         step = EnsembleStep([m.decoder for m in members], [a for a, _ in encoded], [g for _, g in encoded],
                             self.mean, self.maps_from)
         a, grid = encoded[self.maps_from]
-        return decode(step, a, beam_size, max_len, length_penalty, n_best, grid=grid), grid
+        return decode(step, a, beam_size, max_len, length_penalty, n_best, grid=grid, suppress_unk=suppress_unk), grid
 
 
 def members_of(model: Captioner) -> list[Captioner]:

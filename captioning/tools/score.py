@@ -10,6 +10,10 @@ failure a clear error naming the file. Only the images in the results are scored
     captioning-score --annotations captions_val2014.json --instances instances_val2014.json --results r.json \
         --metrics bleu,meteor,rouge,cider,chair
 
+Beside the scores: how varied the captions are (distinct_captions, top_caption_share, ...: metrics/diversity.py),
+and one warning line on stderr when one caption is given for more than --collapse-share of the images (the model may
+have collapsed onto it), as training and captioning-evaluate say it.
+
 `chair` adds object hallucination (CHAIR_i, CHAIR_s: captioning/metrics/chair.py): on COCO against each image's
 instance annotations (`--instances`) and the objects its references name, on `shapes` against the annotation
 file's own objects.
@@ -32,6 +36,7 @@ from captioning.data.readers.references import Annotations, load_results, read_a
 from captioning.metrics.chair import ChairScores, chair_on_shapes, is_shapes_annotation
 from captioning.metrics.chair_coco import caption_words, chair_on_coco, instance_objects
 from captioning.metrics.coco import TOKENIZERS, score_captions
+from captioning.metrics.diversity import COLLAPSE_SHARE, diversity_and_collapse
 
 logger = logging.getLogger(__name__)
 PROG = "captioning-score"
@@ -57,10 +62,15 @@ def chair_of(results: dict[int, str], found: Annotations, instances: str | Path 
 
 def score_files(annotations: str | Path, results: str | Path, metrics: Sequence[str] = ("bleu", "meteor", "rouge",
                 "cider"), tokenizer: str = "auto", out: str | Path | None = None,
-                per_image: str | Path | None = None, split: str = "test",
-                instances: str | Path | None = None) -> dict[str, Any]:
+                per_image: str | Path | None = None, split: str = "test", instances: str | Path | None = None,
+                collapse_share: float = COLLAPSE_SHARE) -> dict[str, Any]:
     """Score a results file against an annotation file (COCO, or a Karpathy file's `split`); writes the metrics
-    (and per-image scores) if asked. `chair` among the metrics adds CHAIR (`chair_of`; COCO needs `instances`)."""
+    (and per-image scores) if asked. `chair` among the metrics adds CHAIR (`chair_of`; COCO needs `instances`).
+    The captions' diversity is reported too; one caption for more than `collapse_share` of the images is said in one
+    warning line on stderr and named in the metrics (`collapsed_caption`)."""
+    if not 0.0 <= collapse_share <= 1.0:
+        raise ValueError(f"--collapse-share must be a share of the images, from 0 to 1 (1: never warn); got "
+                         f"{collapse_share:g}")
     for path in (out, per_image):
         if path:
             writable_file(path)  # a read-only output fails now, not after the scoring
@@ -70,8 +80,11 @@ def score_files(annotations: str | Path, results: str | Path, metrics: Sequence[
     caption_metrics = [m for m in metrics if m != "chair"]
     scores = score_captions(res, found.references, metrics=caption_metrics, tokenizer=tokenizer) if caption_metrics \
         else None
+    diversity, note = diversity_and_collapse([caption_words(c) for c in res.values()], collapse_share)
+    if note is not None:
+        print(f"{PROG}: warning: {note}", file=sys.stderr, flush=True)
     summary: dict[str, Any] = {**(scores.overall if scores else {}), **(chair.overall if chair else {}),
-                               "num_images": len(res)}
+                               **diversity, "num_images": len(res)}
     if scores:
         summary["tokenizer"] = scores.tokenizer
         if scores.skipped:
@@ -104,12 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="how captions become words: auto or ptb (the PTB tokenizer, in Java where it is on the "
                         "PATH), ptb-java or python (force one); whitespace or char for other languages, as "
                         "dataset.tokenizer (METEOR and SPICE skipped) (default: auto)")
+    parser.add_argument("--collapse-share", type=float, default=COLLAPSE_SHARE, metavar="S",
+                        help="one caption for more than this share of the images is warned about (the model may have "
+                        f"collapsed; 1: never) (default: {COLLAPSE_SHARE:g}, as eval.collapse_share)")
     parser.add_argument("--out", help="also write the metrics JSON here")
     parser.add_argument("--per-image", help="write per-image scores (JSON) here")
     args = parser.parse_args(argv)
     metrics = [m for m in args.metrics.split(",") if m]
     summary = run_cli(lambda: score_files(args.annotations, args.results, metrics, args.tokenizer, args.out,
-                                          args.per_image, args.split, args.instances),
+                                          args.per_image, args.split, args.instances, args.collapse_share),
                       PROG, (ValueError, OSError, RuntimeError))
     print(json.dumps(summary, indent=2))
     return 0

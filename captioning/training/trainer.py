@@ -184,7 +184,7 @@ class Trainer(RunState):
         the others None), without moving training's random streams (e.g. test_mode=sample)."""
         progress = self.tc.progress and self.is_main
         return validation.decode_with_forked_rng(self.model, dataset, beam_size, max_len, length_penalty,
-                                                 batch_size, progress, self.device)
+                                                 batch_size, progress, self.device, self.ev.suppress_unk)
 
     def validate(self) -> dict[str, Any]:
         """Decode the validation split (real decoding) and score it; every rank gets rank 0's scores, so early
@@ -203,9 +203,11 @@ class Trainer(RunState):
             self.epoch += 1
             self.train_seconds += time.monotonic() - self.epoch_started
             score, improved = self.end_epoch(losses, val, writer)
-            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f attention correctness %.3f%s",
-                        self.epoch, losses["loss"], self.tc.monitor, score, val.get("Bleu_4", float("nan")),
-                        val.get("attention_correctness", float("nan")), " (best)" if improved else "")
+            correctness = val.get("attention_correctness")  # where the data set has object boxes
+            logger.info("epoch %d: loss %.3f | val %s %.4f BLEU-4 %.4f%s%s", self.epoch, losses["loss"],
+                        self.tc.monitor, score, val.get("Bleu_4", float("nan")),
+                        "" if correctness is None else f" attention correctness {correctness:.3f}",
+                        " (best)" if improved else "")
             if out_of_time:
                 logger.info("time budget of %s minutes reached", budget)
                 break

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from captioning.base.decoding import SUPPRESS_UNK
 from captioning.data.dataset import CaptionDataset
 from captioning.evaluation.split import decode_split as decode_whole
 from captioning.evaluation.split import score_predictions
@@ -34,12 +35,14 @@ def shard(dataset: T) -> T:
 
 
 def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int,
-                 length_penalty: float, batch_size: int, progress: bool) -> list[Prediction] | None:
+                 length_penalty: float, batch_size: int, progress: bool,
+                 suppress_unk: bool = SUPPRESS_UNK) -> list[Prediction] | None:
     """evaluation's decode_split, sharded: each rank decodes its 1/N of the split and rank 0 receives every
     prediction in data set order, exactly those of a single-process decode; the other ranks get None."""
     if not initialized():
-        return decode_whole(model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
-    preds = decode_whole(model, shard(dataset), beam_size, max_len, length_penalty, batch_size, progress)
+        return decode_whole(model, dataset, beam_size, max_len, length_penalty, batch_size, progress, suppress_unk)
+    preds = decode_whole(model, shard(dataset), beam_size, max_len, length_penalty, batch_size, progress,
+                         suppress_unk)
     for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
         p.index, p.alphas = rank() + world_size() * p.index, p.alphas.cpu()
     parts = gather_objects(preds)
@@ -49,11 +52,11 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
 
 def decode_with_forked_rng(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int,
                            length_penalty: float, batch_size: int, progress: bool,
-                           device: torch.device) -> list[Prediction] | None:
+                           device: torch.device, suppress_unk: bool = SUPPRESS_UNK) -> list[Prediction] | None:
     """decode_split of a whole split, on every rank its shard under torchrun (rank 0 gets all predictions, the
     others None), without moving training's random streams (e.g. test_mode=sample)."""
     with randomness.forked(device):
-        return decode_split(model, dataset, beam_size, max_len, length_penalty, batch_size, progress)
+        return decode_split(model, dataset, beam_size, max_len, length_penalty, batch_size, progress, suppress_unk)
 
 
 def validation_scores(preds: list[Prediction] | None, dataset: CaptionDataset,

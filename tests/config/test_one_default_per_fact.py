@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import captioning
-from captioning.base.decoding import BEAM_SIZE, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN, SUPPRESS_UNK
+from captioning.metrics.diversity import COLLAPSE_SHARE
 from captioning.runtime import CONF_DIR
 
 PACKAGE = Path(captioning.__file__).parent
@@ -24,7 +25,8 @@ def test_the_decoding_constants_are_the_eval_configs():
     """A run's beam size and length come from conf/eval/default.yaml, the API's and the commands' from
     captioning/base/decoding.py: the same numbers."""
     shipped = yaml.safe_load((CONF_DIR / "eval" / "default.yaml").read_text())
-    assert (shipped["beam_size"], shipped["max_len"]) == (BEAM_SIZE, MAX_LEN)
+    assert (shipped["beam_size"], shipped["max_len"], shipped["suppress_unk"]) == (BEAM_SIZE, MAX_LEN, SUPPRESS_UNK)
+    assert shipped["collapse_share"] == COLLAPSE_SHARE  # captioning-score's --collapse-share default
 
 
 def _literal_defaults(tree: ast.AST) -> list[tuple[int, str]]:
