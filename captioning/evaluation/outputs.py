@@ -43,17 +43,16 @@ def write_outputs(out_dir: Path, preds: list[Prediction], dataset: CaptionDatase
     if per_image and "CIDEr" in per_image[0]:
         worst = sorted(per_image, key=lambda r: r["CIDEr"])[:num_worst]
         write_json_atomic(out_dir / "worst_by_cider.json", worst, indent=1)
-    for p in preds[:num_figures]:
-        if p.words:
-            try:
-                image = load_image(dataset.records[p.index].path)
-            except ImageError as err:  # e.g. a run from a feature cache without the images: no figure, no crash
-                logger.warning("no attention figure for image %s: %s", p.image_id, err)
-                continue
-            image = view(image) if view is not None else image
-            regions = chosen_regions(p.alphas) if mark_regions else None
-            plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions,
-                           sentinel=p.sentinel)
+    for p in preds[:num_figures]:  # an empty caption: the image alone, titled so (reporting/figures.py)
+        try:
+            image = load_image(dataset.records[p.index].path)
+        except ImageError as err:  # e.g. a run from a feature cache without the images: no figure, no crash
+            logger.warning("no attention figure for image %s: %s", p.image_id, err)
+            continue
+        image = view(image) if view is not None else image
+        regions = chosen_regions(p.alphas) if mark_regions and p.words else None
+        plot_attention(image, p.words, p.alphas.numpy(), out_dir / "figures" / f"{p.image_id}.png", regions=regions,
+                       sentinel=p.sentinel)
     logger.info("wrote metrics, results and %d figures to %s", min(num_figures, len(preds)), out_dir)
     if report:
         write_prediction_report(out_dir, preds, dataset, metrics, mark_regions, view)  # report.html, attention.npz

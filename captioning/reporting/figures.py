@@ -136,6 +136,9 @@ def _checked_regions(regions: Sequence[int], num_words: int, h: int, w: int) -> 
     return cells
 
 
+EMPTY_CAPTION = "(an empty caption: <end> was the first word)"
+
+
 def attention_figure(
     image: Image.Image,
     words: Sequence[str],
@@ -148,7 +151,8 @@ def attention_figure(
     sentinel: Sequence[float] | np.ndarray | None = None,
 ) -> Figure:
     """Build the grid figure: the image, then one attention-overlay panel per word (hard-attention cell boxed;
-    decoder=adaptive: the sentinel's weight beta beside each word, the share of the word not taken from the image)."""
+    decoder=adaptive: the sentinel's weight beta beside each word, the share of the word not taken from the image).
+    An empty caption (<end> first; maps (0, h, w)) is the image alone, titled so."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
@@ -175,7 +179,7 @@ def attention_figure(
     for ax in axes[n:]:
         fig.delaxes(ax)
 
-    head = title if title is not None else " ".join(words)
+    head = title if title is not None else " ".join(words) or EMPTY_CAPTION
     axes[0].imshow(np.asarray(img))
     axes[0].set_title(textwrap.fill(head, width=max(20, int(PANEL_INCHES * 11))), fontsize=9, **PLAIN_TEXT)
     cell_w, cell_h = W / w, H / h

@@ -195,5 +195,65 @@ def test_the_reader_runs_from_a_dataset_config_and_the_composed_config_validates
                          f"dataset.image_root={tmp_path / 'photos'}")
     assert dict(cfg.dataset.reader) == {"_target_": "table", "annotations": str(path),
                                         "image_root": str(tmp_path / "photos"), "val_size": 1000, "test_size": 1000,
-                                        "seed": 0, "tokenizer": "ptb"}
+                                        "seed": 0, "tokenizer": "ptb", "split_file": None}
     validate_train_config(cfg)
+
+
+def test_a_split_file_gives_each_image_its_split_and_other_splits_are_skipped_and_counted(tmp_path, caplog):
+    """Flickr8k's official split as a table of its own (image, split): `unassigned` images and images it does not
+    list are skipped, counted in one warning line; the table's own split column is then not read."""
+    table = _write(tmp_path / "captions.csv", "image,caption,split\n" + "".join(
+        f"{n}.jpg,a photo of {n} number {k},val\n" for n in ("a", "b", "c", "d", "e") for k in (1, 2)))
+    splits = _write(tmp_path / "split.csv", "image,split\na.jpg,train\nb.jpg,test\nc.jpg,val\nd.jpg,unassigned\n"
+                    "z.jpg,train\n")
+    with caplog.at_level(logging.WARNING):
+        out = read_table(SPLITS, table, split_file=splits)
+    assert {s: [r.path.name for r in out[s]] for s in SPLITS} == {"train": ["a.jpg"], "val": ["c.jpg"],
+                                                                  "test": ["b.jpg"]}
+    assert [r.raw for r in out["train"]] == [["a photo of a number 1", "a photo of a number 2"]]
+    assert caplog.text.count("skipped") == 1
+    assert ("split.csv: skipped 2 images (4 captions) whose split is not train, val or test (not in the split file, "
+            "unassigned)") in caplog.text
+    jsonl = _write(tmp_path / "split.jsonl", '{"image": "a.jpg", "split": "restval"}\n{"image": "b.jpg", "split": '
+                   '"val"}\n{"image": "c.jpg", "split": "test"}\n')
+    assert [len(v) for v in read_table(SPLITS, table, split_file=jsonl).values()] == [1, 1, 1]
+
+
+def test_the_split_column_skips_other_split_names_but_refuses_a_typo(tmp_path, caplog):
+    path = _write(tmp_path / "t.csv", "image,caption,split\na.jpg,a dog,train\nb.jpg,a cat,unassigned\n"
+                  "c.jpg,a bird,val\nd.jpg,a fish,test\n")
+    with caplog.at_level(logging.WARNING):
+        out = read_table(SPLITS, path)
+    assert [r.path.name for s in SPLITS for r in out[s]] == ["a.jpg", "c.jpg", "d.jpg"]
+    assert "skipped 1 images (1 captions) whose split is not train, val or test (unassigned)" in caplog.text
+    typo = _write(tmp_path / "s.csv", "image,split\na.jpg,tset\n")
+    with pytest.raises(ValueError, match=re.escape(f"{typo}: line 2: 'split' is 'tset': choose one of train, restval, "
+                                                   "val, test (did you mean 'test'?); a split of another name")):
+        read_table(SPLITS, path, split_file=typo)
+    twice = _write(tmp_path / "w.csv", "image,split\na.jpg,train\na.jpg,test\n")
+    with pytest.raises(ValueError, match=r"w.csv: line 3: 'split' 'test' differs from 'train' that line 2 gives"):
+        read_table(SPLITS, path, split_file=twice)
+    headless = _write(tmp_path / "h.csv", "image,part\na.jpg,train\n")
+    with pytest.raises(ValueError, match=r"h.csv: line 1: the header lacks the 'split' column .* needs the columns "
+                                         r"image and split"):
+        read_table(SPLITS, path, split_file=headless)
+    assert len(read_table(["train"], path, split_file=_write(tmp_path / "o.csv", "image,split\na.jpg,train\n"))) == 1
+    with pytest.raises(ValueError, match=r"split 'val' has no images \(the split file .*o.csv gives it none\)"):
+        read_table(["val"], path, split_file=tmp_path / "o.csv")
+
+
+def test_dataset_table_is_a_data_set_of_its_own_that_validates(tmp_path):
+    table = _write(tmp_path / "captions.csv", CSV)
+    splits = _write(tmp_path / "split.csv", "image,split\nphotos/a.jpg,train\nb.jpg,val\nc.jpg,test\n")
+    (tmp_path / "images").mkdir()
+    cfg = compose_config("dataset=table", f"dataset.annotations={table}", f"dataset.image_root={tmp_path / 'images'}",
+                         f"dataset.reader.split_file={splits}", "dataset.name=mine")
+    assert cfg.dataset.reader._target_ == "table" and cfg.dataset.reader.split_file == str(splits)
+    assert cfg.dataset.prepared.endswith("/mine/prepared")
+    validate_train_config(cfg)
+    out = load_records(cfg.dataset, SPLITS)
+    assert {s: [r.image_id for r in out[s]] for s in SPLITS} == {"train": [1], "val": [2], "test": [3]}
+    missing = compose_config("dataset=table", f"dataset.annotations={table}", f"dataset.image_root={tmp_path}",
+                             f"dataset.reader.split_file={tmp_path / 'none.csv'}")
+    with pytest.raises(ValueError, match=r"dataset.reader.split_file=.*none.csv.: file not found"):
+        validate_train_config(missing)

@@ -204,7 +204,7 @@ def _assigned(images: dict[PurePosixPath, _Image], split_of: Mapping[PurePosixPa
 def read_table(splits: Sequence[str], annotations: Annotated[str | os.PathLike, File()],
                image_root: str | os.PathLike | None = None, val_size: Count = 1000,
                test_size: Count = 1000, seed: int = 0, tokenizer: str = DEFAULT_TOKENIZER,
-               split_file: Annotated[str | os.PathLike, File()] | None = None) -> dict[str, list[ImageRecord]]:
+               split_file: Annotated[str | os.PathLike | None, File()] = None) -> dict[str, list[ImageRecord]]:
     """The requested splits of a caption table (.csv, .jsonl, .ndjson), by split; see the module docstring.
 
     With a `split_file` (columns image and split) each image takes the split it gives there (a `split` column of the

@@ -1,0 +1,90 @@
+"""Real photographs with real ImageNet weights: a few of the shared Flickr8k photos (read from ../shared/flickr8k-1k,
+never copied into the project) captioned by a model over a frozen MobileNetV2, from its weights file: features
+extracted once by the run, one epoch, the test with an empty caption among the results, and its report."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from fixtures import FLICKR8K_1K, MOBILENET_V2_FILE, compose_config, needs_flickr8k_1k, needs_offline_weights
+
+pytestmark = [needs_flickr8k_1k, needs_offline_weights]
+PER_SPLIT = {"train": 16, "val": 4, "test": 4}
+
+
+def small_table(folder: Path) -> tuple[Path, Path]:
+    """The first photos of each split of the shared set, as a caption table and a split file of their own (the
+    photos stay where they are: image_root is the shared folder)."""
+    with open(FLICKR8K_1K / "split.csv", newline="") as f:
+        split_of = {row["image"]: row["split"] for row in csv.DictReader(f)}
+    chosen = {s: [i for i, t in split_of.items() if t == s][:n] for s, n in PER_SPLIT.items()}
+    keep = {i for images in chosen.values() for i in images} | {next(i for i, t in split_of.items()
+                                                                   if t == "unassigned")}
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(FLICKR8K_1K / "captions.csv", newline="") as f, open(folder / "captions.csv", "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["image", "caption"])
+        writer.writerows([row["image"], row["caption"]] for row in csv.DictReader(f) if row["image"] in keep)
+    with open(folder / "split.csv", "w", newline="") as out:
+        csv.writer(out).writerows([["image", "split"], *([i, split_of[i]] for i in sorted(keep))])
+    return folder / "captions.csv", folder / "split.csv"
+
+
+def photo_config(tmp_path: Path, *overrides: str):
+    table, splits = small_table(tmp_path / "table")
+    return compose_config(
+        "experiment=flickr8k_1k", f"dataset.root={FLICKR8K_1K}", f"dataset.annotations={table}",
+        f"dataset.reader.split_file={splits}", f"dataset.features={tmp_path / 'features'}",
+        f"data_dir={tmp_path / 'data'}", f"encoder.weights={MOBILENET_V2_FILE}", "dataset.min_word_freq=2",
+        "decoder.embed_dim=32", "decoder.hidden_dim=64", "dataset.batch_size=8", "trainer.progress=false",
+        "eval.metrics=[bleu,cider]", "eval.num_figures=2", *overrides)
+
+
+def test_a_real_photo_run_trains_evaluates_an_empty_caption_and_writes_its_report(tmp_path, monkeypatch, caplog):
+    from captioning.train import train
+    from captioning.training import validation
+
+    decode = validation.decode_whole
+
+    def first_caption_empty(*args, **kwargs):
+        preds = decode(*args, **kwargs)
+        preds[0].words, preds[0].alphas = [], preds[0].alphas[:0]  # (0, h, w): what <end> first gives
+        return preds
+
+    monkeypatch.setattr(validation, "decode_whole", first_caption_empty)
+    metrics = train(photo_config(tmp_path, "trainer.max_epochs=1"), tmp_path / "run")
+    assert metrics["num_images"] == PER_SPLIT["test"] and metrics["skipped_images"] == 0
+    assert 0 <= metrics["CIDEr"] and "Bleu_4" in metrics
+    assert (tmp_path / "features" / "meta.json").is_file()  # extracted once, by the run
+    meta = json.loads((tmp_path / "features" / "meta.json").read_text())
+    assert meta["grid"] == [7, 7] and meta["weights"] == "mobilenet_v2 from the file mobilenet_v2-b0353104.pth"
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert len(results) == PER_SPLIT["test"] and results[0]["caption"] == ""
+    assert (run / "report.html").is_file() and len(list((run / "figures").glob("*.png"))) == 2
+    assert "skipped 1 images (5 captions) whose split is not train, val or test (unassigned)" in caplog.text
+    # a second run reads the finished cache as it is
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        train(photo_config(tmp_path, "trainer.max_epochs=1"), tmp_path / "again")
+    assert f"the feature cache {tmp_path / 'features'} holds all {sum(PER_SPLIT.values())} images" in caplog.text
+
+
+@pytest.mark.parametrize("change", ["dataset.features", "dataset.num_workers"])
+def test_captioning_evaluate_takes_keys_of_the_checkpoints_data_set(tmp_path, change):
+    from captioning.evaluate import checkpoint_dataset_keys, evaluate
+    from captioning.train import train
+
+    train(photo_config(tmp_path, "trainer.max_epochs=1", "eval.report=false"), tmp_path / "run")
+    value = {"dataset.features": "null", "dataset.num_workers": "0"}[change]
+    args = checkpoint_dataset_keys([f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}", f"{change}={value}",
+                                    "eval.metrics=[bleu]", "eval.num_figures=0", "eval.report=false"])
+    assert args[1] == f"+{change}={value}"
+    metrics = evaluate(compose_config(*args, name="evaluate"), tmp_path / "eval")
+    assert metrics["num_images"] == PER_SPLIT["test"]
+    typo = checkpoint_dataset_keys([f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}", "dataset.featurs=null"])
+    with pytest.raises(ValueError, match=r"dataset.featurs is not a data set key: .*did you mean 'features'"):
+        evaluate(compose_config(*typo, name="evaluate"), tmp_path / "eval2")
