@@ -17,7 +17,8 @@ from captioning.base.constraints import Size, constrained
 from captioning.models.encoder import Encoder
 
 NO_IMAGES = ("encoder=regions reads region features from dataset.features (a region cache or a folder of npz "
-             "files): it has no image path, so it cannot caption image files; give the image's regions instead")
+             "files): it has no image path, so it cannot caption image files; to caption photos, train over an image "
+             "encoder (e.g. encoder=mobilenet_v2, its features cached: README, \"Real photographs\")")
 
 
 class RegionFeatures(Encoder):

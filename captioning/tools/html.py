@@ -2,7 +2,10 @@
 
 Scores each caption against its references (coco-caption's metrics) and writes one self-contained page; with
 `--attention` (an attention.npz of captioning-evaluate) hovering a word shows its map, and `--checkpoint` crops
-each image to the encoder's view, which the maps cover.
+each image to the encoder's view, which the maps cover. The images are looked up under `--image-root`; without it,
+under the checkpoint's `dataset.image_root` (the folder its run read them from) when `--checkpoint` is given, else
+as the annotation file says (a Karpathy file: under its own folder). Images that are not found are said in one
+warning line naming the folder and what to give.
 
 With `--attention` the overall metrics also have attention correctness, as captioning-evaluate scores it: on the
 word boxes of a Karpathy annotation file that has them (the `shapes` data set's dataset_shapes.json, where
@@ -111,17 +114,28 @@ def build_report(args: argparse.Namespace) -> Path:
     out = args.out or args.results.parent / REPORT_NAME
     writable_file(out)  # a read-only output fails before the scoring; nothing else is written
     check_options(args)
-    view, geometry = None, None
+    view, geometry, image_root = None, None, args.image_root
     if args.checkpoint is not None:  # first: a checkpoint that is refused is refused before any scoring
         check_checkpoint_file(args.checkpoint)  # a missing or foreign file: before torch is imported
         from captioning.factory.load import load_model
         from captioning.metrics.coco_attention import view_geometry
 
-        encoder = load_model(args.checkpoint)[0].encoder
+        model, _, ckpt = load_model(args.checkpoint)
+        encoder = model.encoder
         view = encoder.view
         geometry = view_geometry(encoder.transform()) if args.instances is not None else None
-    annotations = read_annotations(args.annotations, args.split, args.image_root)
+        run_root = ((ckpt.get("config") or {}).get("dataset") or {}).get("image_root")
+        if image_root is None and isinstance(run_root, str) and Path(run_root).is_dir():
+            image_root = Path(run_root)  # where the checkpoint's run read its images
+            logger.info("images under %s, the checkpoint's dataset.image_root", image_root)
+    annotations = read_annotations(args.annotations, args.split, image_root)
     refs, paths = annotations.references, annotations.paths
+    missing = [p for p in paths.values() if not Path(p).is_file()]
+    if missing:
+        print(f"{PROG}: warning: {len(missing)} of {len(paths)} images are not found (e.g. {missing[0]}): their rows "
+              f"have no picture; give --image-root FOLDER, the folder the annotation file's image paths are under",
+              file=sys.stderr, flush=True)
+        paths = {i: p for i, p in paths.items() if Path(p).is_file()}  # said once, not once a row
     results = load_results(args.results, refs)
     attention, mark = load_attention(args.attention) if args.attention else (None, False)
     maps = matching_maps(results, attention) if attention is not None else None

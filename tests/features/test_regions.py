@@ -249,6 +249,7 @@ def test_region_weights_are_painted_on_their_boxes_keeping_their_sum():
     torch.testing.assert_close(maps[0].sum(), torch.tensor(1.0))
     torch.testing.assert_close(maps[0, 3, 3], torch.tensor(0.375))
     torch.testing.assert_close(maps[0, 0, 0], torch.tensor(0.125))
+    assert paint(alphas[:0], boxes, (40, 80), 4).shape == (0, 4, 4)  # an empty caption: no word, no map
 
 
 def test_evaluation_on_regions_with_boxes_draws_figures_and_scores_attention_correctness(regions, shapes_json, tmp_path):
@@ -302,3 +303,84 @@ def test_painted_region_maps_score_attention_correctness_on_coco_instance_masks(
         maps = paint(torch.tensor([[0.5, 0.5], weights]), boxes, (40, 60)).numpy()  # "a man": man is step 1
         out = coco_attention_correctness([["a", "man"]], [maps], [1], instances, full_image)
         assert out["attention_correctness"] == pytest.approx(share, abs=1e-6) and out["attention_correctness_words"] == 1
+
+
+def shapes_grids(records, side: int = 4, seed: int = 0) -> dict[int, np.ndarray]:
+    """image id -> (side, side, DIM): each cell holds the shape and colour of the object whose box covers its centre."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for r in records:
+        h, w = r.size
+        grid = rng.normal(0, 0.1, (side, side, DIM)).astype(np.float32)
+        for k, shape in enumerate(SHAPES):
+            for box in r.word_boxes.get(shape, []):
+                colour = next((c for c in COLOURS if list(box) in [list(b) for b in r.word_boxes.get(c, [])]), None)
+                for y in range(side):
+                    for x in range(side):
+                        cx, cy = (x + 0.5) * w / side, (y + 0.5) * h / side
+                        if box[0] <= cx < box[2] and box[1] <= cy < box[3]:
+                            grid[y, x, k] += 1
+                            if colour:
+                                grid[y, x, 4 + COLOURS.index(colour)] += 1
+        out[r.image_id] = grid
+    return out
+
+
+def test_per_image_grid_files_keep_their_layout_train_and_draw_maps_over_the_image(shapes_json, tmp_path):
+    """The documented grid-feature format: <image id>.npz holding an (h, w, D) grid; the cells keep their layout
+    (an attention that reads the grid trains on it) and the maps are drawn over the image."""
+    from captioning.features.regions import GridFolder
+    from captioning.train import train
+
+    records = [r for split in ("train", "val", "test") for r in read_karpathy(shapes_json, split)]
+    folder = tmp_path / "grids"
+    folder.mkdir()
+    grids = shapes_grids(records)
+    for i, g in grids.items():
+        np.savez_compressed(folder / f"{i}.npz", feat=g)
+    source = open_regions(folder, DIM)
+    assert isinstance(source, GridFolder) and not source.sets and source.grid == (4, 4)
+    i = next(iter(grids))
+    np.testing.assert_array_equal(source[i].numpy(), grids[i].reshape(16, DIM))  # rows first, as a cache stores them
+    cfg = compose_tiny_train(shapes_json, "encoder=regions", f"encoder.dim={DIM}", f"dataset.features={folder}",
+                             "attention=location", "trainer.max_epochs=1", "eval.num_figures=1")
+    metrics = train(cfg, tmp_path / "run")
+    assert 0 <= metrics["attention_correctness"] <= 1  # maps over the whole image, scored on the shapes boxes
+    with np.load(tmp_path / "run" / "attention.npz") as maps:
+        assert maps[maps.files[0]].shape[1:] == (4, 4)
+    assert len(list((tmp_path / "run" / "figures").glob("*.png"))) == 1
+    np.savez(folder / f"{i}.npz", feat=np.zeros((3, 3, DIM), np.float32))
+    with pytest.raises(RegionError, match=rf"{i}.npz holds 3x3x16, not the 4 x 4 x 16 grid of the folder's other"):
+        source[i]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    np.savez(odd / "1.npz", feat=np.zeros((3, 4, DIM), np.float32))
+    with pytest.raises(RegionError, match=r"1.npz holds a 3 x 4 grid: grid features must be square"):
+        open_regions(odd, DIM)
+
+
+def test_the_box_folder_is_named_by_a_key_and_its_absence_is_said_once(regions, shapes_json, tmp_path, caplog):
+    from captioning.evaluation.region_maps import REGION_GRID
+    from captioning.train import train
+
+    (tmp_path / "feats").mkdir()
+    (tmp_path / "where" / "boxes").mkdir(parents=True)
+    for i, (f, b, _) in regions.items():
+        np.savez_compressed(tmp_path / "feats" / f"{i}.npz", feat=f)
+        np.save(tmp_path / "where" / "boxes" / f"{i}.npy", b)
+    with caplog.at_level("WARNING"):
+        bare = open_regions(tmp_path / "feats", DIM)
+    assert bare.box_root is None and caplog.text.count("have no boxes (dataset.boxes=FOLDER") == 1
+    named = open_regions(tmp_path / "feats", DIM, tmp_path / "where" / "boxes")
+    i, (_, b, _) = next(iter(regions.items()))
+    np.testing.assert_array_equal(named.boxes(i), b)
+    with pytest.raises(FileNotFoundError, match=r"dataset.boxes=.*nowhere: no such folder"):
+        open_regions(tmp_path / "feats", DIM, tmp_path / "nowhere")
+    cfg = compose_tiny_train(shapes_json, "encoder=regions", f"encoder.dim={DIM}", f"dataset.features={tmp_path / 'feats'}",
+                             f"dataset.boxes={tmp_path / 'where' / 'boxes'}", "trainer.max_epochs=1", "eval.num_figures=1")
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        metrics = train(cfg, tmp_path / "run")
+    assert 0 <= metrics["attention_correctness"] <= 1 and "region sets without boxes" not in caplog.text
+    with np.load(tmp_path / "run" / "attention.npz") as maps:
+        assert maps[maps.files[0]].shape[1:] == (REGION_GRID, REGION_GRID)

@@ -157,3 +157,30 @@ def test_a_karpathy_split_file_is_read_like_its_coco_twin(shapes_json, tmp_path,
         load_results(_results(tmp_path, [{"image_id": val["id"], "caption": "x"}]), load_references(shapes_json))
     assert main(["--annotations", str(shapes_json), "--split", "val", "--results", str(tmp_path / "results.json"),
                  "--metrics", "bleu", "--tokenizer", "python"]) == 0
+
+
+def test_one_caption_for_every_image_is_said_in_one_warning_line_beside_the_diversity(ann, tmp_path, capsys):
+    """The collapse check training and captioning-evaluate make, where results are scored from a file."""
+    same = _results(tmp_path, [{"image_id": i, "caption": "A man on a board."} for i in REFS])
+    assert main(["--annotations", str(ann), "--results", str(same), "--metrics", "bleu"]) == 0
+    out = capsys.readouterr()
+    printed = json.loads(out.out)
+    assert printed["distinct_captions"] == pytest.approx(1 / 3) and printed["top_caption_share"] == 1.0
+    assert printed["collapsed_caption"] == "a man on a board ."
+    assert out.err.strip().splitlines() == ['captioning-score: warning: one caption for 100% of the 3 images (over '
+                                            'eval.collapse_share=0.5): "a man on a board .": the model may have '
+                                            'collapsed onto one caption']
+    varied = _results(tmp_path, [{"image_id": 1, "caption": "a man surfing"}, {"image_id": 2, "caption": "two dogs"},
+                                 {"image_id": 3, "caption": "a plate"}])
+    assert main(["--annotations", str(ann), "--results", str(varied), "--metrics", "bleu"]) == 0
+    out = capsys.readouterr()
+    assert "collapsed_caption" not in json.loads(out.out) and "warning" not in out.err
+    two = _results(tmp_path, [{"image_id": 1, "caption": "two dogs"}, {"image_id": 2, "caption": "two dogs"},
+                              {"image_id": 3, "caption": "a plate"}])
+    assert main(["--annotations", str(ann), "--results", str(two), "--metrics", "bleu"]) == 0
+    assert "one caption for 67% of the 3 images" in capsys.readouterr().err  # 2 of 3: over 0.5
+    assert main(["--annotations", str(ann), "--results", str(two), "--metrics", "bleu", "--collapse-share", "0.7"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--annotations", str(ann), "--results", str(two), "--collapse-share", "2"])
+    assert "--collapse-share must be a share of the images, from 0 to 1" in capsys.readouterr().err

@@ -88,3 +88,55 @@ def test_captioning_evaluate_takes_keys_of_the_checkpoints_data_set(tmp_path, ch
     typo = checkpoint_dataset_keys([f"checkpoint={tmp_path / 'run/checkpoints/best.pt'}", "dataset.featurs=null"])
     with pytest.raises(ValueError, match=r"dataset.featurs is not a data set key: .*did you mean 'features'"):
         evaluate(compose_config(*typo, name="evaluate"), tmp_path / "eval2")
+
+
+@pytest.fixture(scope="module")
+def photo_checkpoint(tmp_path_factory) -> Path:
+    """best.pt of a one-epoch run over the frozen MobileNetV2 (its features cached), trained on real photos."""
+    from captioning.train import train
+
+    tmp = tmp_path_factory.mktemp("photo_model")
+    train(photo_config(tmp, "trainer.max_epochs=1", "eval.report=false", "eval.num_figures=0"), tmp / "run")
+    return tmp / "run" / "checkpoints" / "best.pt"
+
+
+def _test_photos(n: int = 2) -> list[Path]:
+    with open(FLICKR8K_1K / "split.csv", newline="") as f:
+        return [FLICKR8K_1K / "images" / row["image"] for row in csv.DictReader(f) if row["split"] == "test"][:n]
+
+
+def test_a_mobilenet_model_captions_photos_through_the_api_the_command_and_the_demo(photo_checkpoint, capsys):
+    import captioning
+    from captioning.inference.demo_app import make_server
+    from captioning.tools.caption import main as caption_main
+
+    model = captioning.load(photo_checkpoint, device="cpu")
+    photos = _test_photos()
+    results = model.caption(photos)
+    assert all(r.words and r.attention.shape == (len(r.words), 7, 7) for r in results)  # the 7 x 7 grid
+    assert all("<unk>" not in r.words for r in results)
+    capsys.readouterr()
+    assert caption_main([*map(str, photos), "--checkpoint", str(photo_checkpoint), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert all(" ".join(r.words) in printed for r in results)
+    server = make_server(model)
+    try:
+        answer = server.caption(photos[0].read_bytes(), photos[0].name)
+    finally:
+        server.server_close()
+    assert answer["caption"] == " ".join(results[0].words)
+
+
+def test_a_mobilenet_model_exports_and_the_torch_free_runner_gives_the_same_words(photo_checkpoint, tmp_path):
+    pytest.importorskip("onnxruntime")
+    import captioning
+    from captioning.export.exporter import export_checkpoint
+    from captioning.export.runner import Runner
+
+    export_checkpoint(photo_checkpoint, tmp_path / "export", optimize=False)
+    runner = Runner(tmp_path / "export")
+    photos = _test_photos()
+    for beam in (1, 3):
+        want = captioning.load(photo_checkpoint, device="cpu").caption(photos, beam_size=beam)
+        got = runner.caption(photos, beam_size=beam)
+        assert [c.words for c in got] == [r.words for r in want]
