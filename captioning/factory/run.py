@@ -59,7 +59,8 @@ def build_run(cfg: DictConfig) -> RunParts:
             extract_features(all_records(cfg.dataset), encoder, spec["encoder"], cfg.dataset.features,
                              num_workers=int(cfg.dataset.num_workers), progress=bool(cfg.trainer.progress))
         # With dataset.features the data sets yield cached annotation grids and the encoder is skipped.
-        features = open_features(cfg.dataset.get("features"), encoder, spec["encoder"], cfg.dataset.get("boxes"))
+        features = open_features(cfg.dataset.get("features"), encoder, spec["encoder"],
+                                 cfg.dataset.get("boxes"))
         vocab, data = build_datasets(cfg.dataset, encoder.transform(), ["train", "val", ev.split],
                                      features=features)
     objective.prepare(data["train"])  # objective=scst: the reward's references, tokenized once

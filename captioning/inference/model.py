@@ -167,10 +167,8 @@ class CaptionModel:
         return [r for r in results if r is not None]
 
     def plot(self, result: CaptionResult, path: str | os.PathLike | None = None) -> Figure | Path:
-        """The figure of a result (the image, then one panel per word); saved as PNG and its path returned if a
-        path is given, else the matplotlib Figure."""
-        if not result.words:
-            raise ValueError(f"{result.source}: the caption is empty, there is no attention map to draw")
+        """The figure of a result (the image, then one panel per word; an empty caption: the image alone, titled so);
+        saved as PNG and its path returned if a path is given, else the matplotlib Figure."""
         if path is None:
             return attention_figure(result.image, result.words, result.attention, regions=result.regions,
                                     sentinel=result.sentinel)

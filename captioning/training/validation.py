@@ -40,7 +40,8 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
     """evaluation's decode_split, sharded: each rank decodes its 1/N of the split and rank 0 receives every
     prediction in data set order, exactly those of a single-process decode; the other ranks get None."""
     if not initialized():
-        return decode_whole(model, dataset, beam_size, max_len, length_penalty, batch_size, progress, suppress_unk)
+        return decode_whole(model, dataset, beam_size, max_len, length_penalty, batch_size, progress,
+                            suppress_unk)
     preds = decode_whole(model, shard(dataset), beam_size, max_len, length_penalty, batch_size, progress,
                          suppress_unk)
     for p in preds:  # image j of the shard is image rank + N j of the split; maps travel on the CPU
@@ -52,11 +53,13 @@ def decode_split(model: Captioner, dataset: CaptionDataset, beam_size: int, max_
 
 def decode_with_forked_rng(model: Captioner, dataset: CaptionDataset, beam_size: int, max_len: int,
                            length_penalty: float, batch_size: int, progress: bool,
-                           device: torch.device, suppress_unk: bool = SUPPRESS_UNK) -> list[Prediction] | None:
+                           device: torch.device,
+                           suppress_unk: bool = SUPPRESS_UNK) -> list[Prediction] | None:
     """decode_split of a whole split, on every rank its shard under torchrun (rank 0 gets all predictions, the
     others None), without moving training's random streams (e.g. test_mode=sample)."""
     with randomness.forked(device):
-        return decode_split(model, dataset, beam_size, max_len, length_penalty, batch_size, progress, suppress_unk)
+        return decode_split(model, dataset, beam_size, max_len, length_penalty, batch_size, progress,
+                            suppress_unk)
 
 
 def validation_scores(preds: list[Prediction] | None, dataset: CaptionDataset,
