@@ -126,7 +126,8 @@ def caption_run(args: argparse.Namespace) -> int:
 
     model = load(args.checkpoint, args.device)
     model.select_attention_map(args.attention_layer, args.attention_head)
-    options = {"beam_size": args.beam_size, "max_len": args.max_len, "alternatives": args.alternatives}
+    options = {"beam_size": args.beam_size, "max_len": args.max_len, "alternatives": args.alternatives,
+               "suppress_unk": not args.allow_unk}
     maps = {k: v for k in ("attention_layer", "attention_head") if (v := getattr(args, k)) is not None}
     settings = {"checkpoint": str(Path(args.checkpoint).resolve()), "checkpoint_sha256": file_sha256(args.checkpoint),
                 **options, **maps}
@@ -234,6 +235,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--alternatives", type=_alternatives, default=0, metavar="N",
                    help="also record the N best captions of the beam search (0-20; in --jsonl)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
+    p.add_argument("--allow-unk", action="store_true", help="let captions hold <unk> (by default decoding never emits "
+                   "it, as eval.suppress_unk)")
     p.add_argument("--results", type=Path, help="write a COCO results file [{image_id, caption}] here")
     p.add_argument("--jsonl", type=Path, help="write one JSON line per image here (path, image_id, caption, "
                    "log_prob); the record --resume continues from")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from captioning.base.decoding import BEAM_SIZE, MAX_LEN
+from captioning.base.decoding import BEAM_SIZE, MAX_LEN, SUPPRESS_UNK
 from captioning.cli import ArgumentParser, positive_int, run_cli
 from captioning.data.images import ImageError
 from captioning.export.runner import Runner
@@ -24,7 +24,7 @@ PROG = "captioning-run-export"
 
 
 def caption_files(folder: Path, images: Sequence[Path], beam_size: int, max_len: int, threads: int | None,
-                  batch_size: int = 32) -> int:
+                  batch_size: int = 32, suppress_unk: bool = SUPPRESS_UNK) -> int:
     """Print `path<TAB>caption` for each readable image; returns how many were skipped (reported on stderr)."""
     runner = Runner(folder, threads)
     skipped = 0
@@ -37,7 +37,8 @@ def caption_files(folder: Path, images: Sequence[Path], beam_size: int, max_len:
                 print(f"{PROG}: skipped: {err}", file=sys.stderr)
                 skipped += 1
         if readable:
-            captions = runner.caption_pixels(np.stack([x for _, x in readable]), beam_size, max_len)
+            captions = runner.caption_pixels(np.stack([x for _, x in readable]), beam_size, max_len,
+                                             suppress_unk=suppress_unk)
             for (path, _), c in zip(readable, captions):
                 print(f"{path}\t{' '.join(c.words)}", flush=True)
     return skipped
@@ -54,9 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-len", type=positive_int, default=MAX_LEN, help="most words per caption (>= 1)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass")
     parser.add_argument("--threads", type=positive_int, default=None, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--allow-unk", action="store_true", help="let captions hold <unk> (by default decoding never "
+                        "emits it, as captioning-caption)")
     args = parser.parse_args(argv)
     skipped = run_cli(lambda: caption_files(args.folder, args.images, args.beam_size, args.max_len, args.threads,
-                                            args.batch_size), PROG, (ValueError, OSError, ImportError))
+                                            args.batch_size, not args.allow_unk), PROG,
+                      (ValueError, OSError, ImportError))
     return 1 if skipped else 0
 
 

@@ -302,8 +302,8 @@ def test_offline_paper_preset_fails_fast_with_instructions(tmp_path, monkeypatch
     monkeypatch.setattr("captioning.factory.datasets.load_records", never)
     out = [f"dataset.features={tmp_path / 'features'}"] if config == "extract_features" else []
     cfg = compose_config("experiment=flickr8k_soft", *data[1:], *out, name=config)
-    with pytest.raises(RuntimeError, match=r"pretrained vgg19 weights.*hub/checkpoints.*vgg19-.*\.pth.*"
-                                           r"encoder\.pretrained=false"):
+    with pytest.raises(OSError, match=r"cannot download the vgg19 weights.*encoder.weights=/path/to/vgg19-.*\.pth.*"
+                                      r"hub/checkpoints.*encoder\.pretrained=false"):
         train(cfg, tmp_path / "run") if config == "train" else extract(cfg)
     assert not (tmp_path / "features").exists()
 

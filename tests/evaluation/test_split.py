@@ -155,7 +155,7 @@ def test_eval_settings_read_an_eval_config():
                                     "report": False, "instances": "instances.json", "compile": True})
     ev = EvalSettings.of(cfg)
     assert ev == EvalSettings("val", 5, 12, 1.0, 7, ("bleu", "cider"), 0, False, "instances.json", True, None, None,
-                             0.5)
+                             0.5, True)
     assert isinstance(ev.beam_size, int) and isinstance(ev.length_penalty, float) and isinstance(ev.metrics, tuple)
     # keys an older config lacks take the shipped YAML's values; an empty instances path is none
     older = OmegaConf.create({k: v for k, v in OmegaConf.to_container(shipped).items()

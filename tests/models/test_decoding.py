@@ -1,4 +1,5 @@
-"""Greedy decoding and beam search: k=1 is greedy, a wide beam finds the exact optimum."""
+"""Greedy decoding and beam search: k=1 is greedy, a wide beam finds the exact optimum. The searches are tested over
+every word, <unk> (id 3) one like any other (suppress_unk=False); suppressing it is tested on its own, at the end."""
 
 import itertools
 import math
@@ -13,7 +14,10 @@ import torch.nn.functional as F
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import AttentionOutput, HardAttention, SoftAttention
 from captioning.models.decoders.sat import ShowAttendTellDecoder
-from captioning.models.decoding import beam_search, greedy_decode
+from captioning.models import decoding
+
+beam_search = partial(decoding.beam_search, suppress_unk=False)
+greedy_decode = partial(decoding.greedy_decode, suppress_unk=False)
 
 
 @pytest.fixture
@@ -321,3 +325,20 @@ def test_alternatives_of_an_exhaustive_beam_are_the_best_captions_found():
     assert third == [4, 5, 7] and s3 == pytest.approx(math.log(0.9 * 0.22 * 0.3), abs=1e-5)
     with pytest.raises(ValueError, match="n_best"):
         beam_search(dec, _images(1), beam_size=2, max_len=3, n_best=0)
+
+
+def test_suppressed_unk_is_never_emitted_and_the_rest_is_renormalised():
+    """The EARLY tree's best caption is [3] (<unk>, 0.1) under a wide beam; with <unk> suppressed its probability is
+    renormalised away: the first word is 4 with p = 0.9 / 0.9 = 1, and greedy and beam 1 agree."""
+    dec = TableDecoder(_prob_table(EARLY, DEEPER, 11), 11)
+    out = decoding.beam_search(dec, _images(1), beam_size=5, max_len=6, n_best=3)  # suppress_unk: the default
+    assert all(3 not in words for words, _, _ in out.alternatives[0])
+    first, _, score = out.alternatives[0][0]
+    assert first == [4, 5, 6]
+    # log p of [4, 5, 6] then <end>: 1 (0.9 renormalised) x 1 x 0.24 x p(<end>) with <unk>'s 0.175 taken out
+    assert score == pytest.approx(math.log(0.24) + math.log(0.3 / (1 - 0.175)), abs=1e-5)
+    greedy = decoding.greedy_decode(dec, _images(1), max_len=6)
+    one = decoding.beam_search(dec, _images(1), beam_size=1, max_len=6)
+    assert greedy.tokens == one.tokens and 3 not in greedy.tokens[0]
+    allowed = decoding.beam_search(dec, _images(1), beam_size=5, max_len=6, n_best=3, suppress_unk=False)
+    assert allowed.alternatives[0][0][0] == [3]  # the same search with <unk> allowed picks it
