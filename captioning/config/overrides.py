@@ -76,6 +76,8 @@ def _has_key(cfg: Any, dotted: str) -> tuple[bool, str, list[str]]:
             keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else \
                 [str(k) for k in range(len(node))] if isinstance(node, ListConfig) else []
             return False, ".".join(parts[: i + 1]), keys
+        if i == len(parts) - 1:
+            break  # found: its value is not read (a ??? one, e.g. dataset=table's annotations, is set by this override)
         node = node[part]
     return True, "", []
 

@@ -140,3 +140,27 @@ def test_a_mobilenet_model_exports_and_the_torch_free_runner_gives_the_same_word
         want = captioning.load(photo_checkpoint, device="cpu").caption(photos, beam_size=beam)
         got = runner.caption(photos, beam_size=beam)
         assert [c.words for c in got] == [r.words for r in want]
+
+
+def test_captioning_html_finds_the_photos_under_the_checkpoints_image_root(photo_checkpoint, tmp_path, capsys):
+    """A Karpathy file written elsewhere (captioning-prepare --to-karpathy) names its images relative to the data
+    set's image root: without --image-root the page finds them through --checkpoint, and says once when it cannot."""
+    from captioning.checkpoint import read_checkpoint
+    from captioning.data.readers.convert import write_karpathy
+    from captioning.factory.datasets import load_records
+    from captioning.tools.html import main as html_main
+
+    dataset = read_checkpoint(photo_checkpoint)["config"]["dataset"]
+    records = load_records(dataset, ["test"])
+    annotations = write_karpathy(records, dataset["image_root"], tmp_path / "elsewhere" / "dataset_photos.json")
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": r.image_id, "caption": "a dog runs"} for r in records["test"]]))
+    capsys.readouterr()
+    assert html_main(["--results", str(results), "--annotations", str(annotations), "--metrics", "bleu",
+                      "--out", str(tmp_path / "without.html")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and f"4 of 4 images are not found (e.g. {tmp_path / 'elsewhere'}" in err
+    assert html_main(["--results", str(results), "--annotations", str(annotations), "--metrics", "bleu",
+                      "--checkpoint", str(photo_checkpoint), "--out", str(tmp_path / "with.html")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert (tmp_path / "with.html").read_text().count("data:image/jpeg;base64,") >= 4  # the photos are in the page
