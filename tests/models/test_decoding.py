@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
+from captioning.models import decoding
 from captioning.models.attention import AttentionOutput, HardAttention, SoftAttention
 from captioning.models.decoders.sat import ShowAttendTellDecoder
-from captioning.models import decoding
 
 beam_search = partial(decoding.beam_search, suppress_unk=False)
 greedy_decode = partial(decoding.greedy_decode, suppress_unk=False)
