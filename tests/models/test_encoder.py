@@ -1,10 +1,8 @@
-"""Encoders: grid shapes, fine-tuning switches, and a clear message when pretrained weights cannot be fetched."""
+"""Encoders: grid shapes and fine-tuning switches (weights that cannot be fetched: tests/models/test_backbones.py)."""
 
-import urllib.error
 
 import pytest
 import torch
-import torchvision
 
 from captioning.models.encoder import ResNetEncoder, SmallCNN, VGGEncoder
 
@@ -39,21 +37,6 @@ def test_resnet_grid_and_frozen_batchnorm():
     assert {n.split(".")[1] for n, p in top.named_parameters() if p.requires_grad} == {"7"}  # layer4 only
     with pytest.raises(ValueError, match="fine_tune"):
         ResNetEncoder("resnet50", pretrained=False, fine_tune="some")
-
-
-def test_offline_pretrained_request_fails_with_a_clear_message(monkeypatch, tmp_path):
-    get_model = torchvision.models.get_model
-
-    def offline(name, weights=None, **kwargs):
-        if weights is not None:
-            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
-        return get_model(name, weights=None, **kwargs)
-
-    monkeypatch.setattr(torchvision.models, "get_model", offline)
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    with pytest.raises(OSError, match=r"cannot download the vgg19 weights.*encoder.weights=/path/to/vgg19-dcbb9e9d.pth"
-                                      r".*hub/checkpoints.*encoder.pretrained=false"):
-        VGGEncoder("vgg19", pretrained=True)
 
 
 def test_transform_matches_encoder_input_size():
