@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,7 +81,8 @@ def score_files(annotations: str | Path, results: str | Path, metrics: Sequence[
     caption_metrics = [m for m in metrics if m != "chair"]
     scores = score_captions(res, found.references, metrics=caption_metrics, tokenizer=tokenizer) if caption_metrics \
         else None
-    diversity, note = diversity_and_collapse([caption_words(c) for c in res.values()], collapse_share)
+    # words for the diversity figures: lower case, punctuation dropped (no tokenizer: the command stays light)
+    diversity, note = diversity_and_collapse([re.findall(r"\w+", c.lower()) for c in res.values()], collapse_share)
     if note is not None:
         print(f"{PROG}: warning: {note}", file=sys.stderr, flush=True)
     summary: dict[str, Any] = {**(scores.overall if scores else {}), **(chair.overall if chair else {}),

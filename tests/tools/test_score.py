@@ -166,9 +166,9 @@ def test_one_caption_for_every_image_is_said_in_one_warning_line_beside_the_dive
     out = capsys.readouterr()
     printed = json.loads(out.out)
     assert printed["distinct_captions"] == pytest.approx(1 / 3) and printed["top_caption_share"] == 1.0
-    assert printed["collapsed_caption"] == "a man on a board ."
+    assert printed["collapsed_caption"] == "a man on a board"
     assert out.err.strip().splitlines() == ['captioning-score: warning: one caption for 100% of the 3 images (over '
-                                            'eval.collapse_share=0.5): "a man on a board .": the model may have '
+                                            'eval.collapse_share=0.5): "a man on a board": the model may have '
                                             'collapsed onto one caption']
     varied = _results(tmp_path, [{"image_id": 1, "caption": "a man surfing"}, {"image_id": 2, "caption": "two dogs"},
                                  {"image_id": 3, "caption": "a plate"}])
