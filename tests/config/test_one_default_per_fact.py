@@ -185,7 +185,7 @@ def _help() -> str:
     return " ".join(text.split())
 
 
-@pytest.mark.parametrize("choice", ["decoder=transformer", "objective=scst", "debug=tiny"])
+@pytest.mark.parametrize("choice", ["decoder=transformer", "objective=scst", "debug=tiny", "dataset=table"])
 def test_the_help_says_what_a_choice_chooses(choice):
     (line,) = _implied(choice)
     said = line.removeprefix(f"{choice} ").rsplit(" (conf/", 1)[0]
