@@ -158,7 +158,8 @@ def test_whole_captions_score_as_the_mixed_distribution_says(mean, beam):
     for i, toks in enumerate(out.tokens):
         seq = toks + [END_ID] if len(toks) < max_len else toks
         (lp1, _), (lp2, alpha2) = forced_log_probs(sat, a1[i:i + 1], seq), forced_log_probs(luong, a2[i:i + 1], seq)
-        mixed = word_log_probs(mix_log_probs([lp1, lp2], special, mean), special)  # (T, V)
+        # the models' words mixed, then renormalised without <unk> as decoding does (eval.suppress_unk)
+        mixed = word_log_probs(mix_log_probs([lp1, lp2], special, mean), special_ids(a1.device, True))  # (T, V)
         assert out.scores[i].item() == pytest.approx(mixed[torch.arange(len(seq)), seq].sum().item(), abs=1e-5)
         assert out.alphas[i].shape == (len(toks), 9)
         torch.testing.assert_close(out.alphas[i], alpha2[:len(toks)], rtol=0, atol=1e-5)
