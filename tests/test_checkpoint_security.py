@@ -153,7 +153,8 @@ def test_load_model_refuses_a_foreign_target_and_runs_nothing(good_checkpoint, t
 def test_the_error_lists_the_project_classes(good_checkpoint, tmp_path):
     bad = _edited(good_checkpoint, tmp_path / "bad.pt", _replace("encoder", _payload("os.makedirs", tmp_path / "m")))
     with pytest.raises(UnsafeCheckpointError, match=r"checkpoint .*bad\.pt: model\.encoder\._target_ 'os\.makedirs' is "
-                       r"not one of this project's encoders \(small_cnn, vgg, resnet, multi, regions\); refusing to load it"):
+                       r"not one of this project's encoders \(small_cnn, vgg, resnet, torchvision, multi, regions\); "
+                       r"refusing to load it"):
         load_model(bad)
 
 
@@ -188,7 +189,8 @@ def test_every_config_the_project_ships_makes_a_loadable_checkpoint_config(datas
     from captioning.factory.load import check_config
     from captioning.factory.run import stored_config
 
-    cfg = compose_config(f"dataset={dataset}", f"decoder={decoder}")
+    own = ["dataset.annotations=/d/captions.csv", "dataset.image_root=/d/images"] if dataset == "table" else []
+    cfg = compose_config(f"dataset={dataset}", f"decoder={decoder}", *own)  # dataset=table: the user's files
     stored = stored_config(cfg)  # what a training run stores in its checkpoints
     assert check_config({"config": stored}, "x.pt") is stored
 

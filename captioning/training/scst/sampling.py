@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from captioning.base.decoding import SUPPRESS_UNK
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import HardAttention, core_of
 from captioning.models.decoding import compact_due, special_ids, word_log_probs
@@ -53,8 +54,9 @@ class Samples:
 
 def policy_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """log q(word) (N, V) of the sampling policy: softmax(logits / temperature) over the top_k words (all: None),
-    without <start> and <pad>, which are never targets (the same renormalisation as decoding's)."""
-    logits, special = logits.float(), special_ids(logits.device)  # (N, V), (2,)
+    without <start> and <pad>, which are never targets, nor <unk>, which test-time decoding never emits (the same
+    renormalisation as decoding's: the policy is the one the greedy baseline and the test decode)."""
+    logits, special = logits.float(), special_ids(logits.device, SUPPRESS_UNK)  # (N, V), (3,)
     if top_k is not None and top_k < logits.shape[1]:
         kth = logits.index_fill(1, special, float("-inf")).topk(top_k, dim=1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))  # (N, V)
