@@ -33,7 +33,7 @@ def row(folders: list[Path]) -> dict[str, str]:
         values = unk if key == "unk" else [float(m[key]) for m in metrics]
         mean = statistics.fmean(values)
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        digits = 4 if key in METRICS else 1
+        digits = 3 if key in METRICS else 1
         cells[key] = f"{mean:.{digits}f} ± {sd:.{digits}f}"
     cells["seeds"] = str(len(folders))
     return cells
