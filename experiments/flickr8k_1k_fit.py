@@ -4,6 +4,7 @@ from uniform (each word's largest cell weight, as a multiple of the uniform 1/L,
 against log2 L for uniform), over the runs of experiments/flickr8k_1k_compare.sh.
 
     python experiments/flickr8k_1k_fit.py outputs/flickr8k_1k_compare
+    python experiments/flickr8k_1k_fit.py soft-lambda0=outputs/flickr8k_1k_sweep/stage2/2    (NAME=RUN: one run)
 """
 
 from __future__ import annotations
@@ -56,12 +57,19 @@ def fit(checkpoint: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("folders", nargs="+", help="a compare folder (<model>-seed<k>/ runs), or NAME=RUN")
     args = parser.parse_args()
+    runs: list[tuple[str, Path]] = []
+    for given in args.folders:
+        name, _, path = given.rpartition("=")
+        if name:
+            runs.append((name, Path(path)))
+        else:
+            runs += [(run.name.split("-seed")[0], run) for run in sorted(Path(path).glob("*-seed*"))]
     by_model: dict[str, list[dict[str, float]]] = {}
-    for run in sorted(args.folder.glob("*-seed*")):
+    for name, run in runs:
         if (run / "checkpoints" / "best.pt").is_file() and (run / "metrics.json").is_file():
-            by_model.setdefault(run.name.split("-seed")[0], []).append(fit(run / "checkpoints" / "best.pt"))
+            by_model.setdefault(name, []).append(fit(run / "checkpoints" / "best.pt"))
     keys = ("train_nll", "val_nll", "test_nll", "test_peak", "test_entropy")
     print("| model | seeds | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 2) + "|")
